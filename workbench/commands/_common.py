@@ -1,0 +1,65 @@
+"""Small helpers shared by CLI commands: JSON output, tables, progress."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+
+def _clean(o: Any):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if hasattr(o, "item") and callable(o.item):  # numpy scalars
+        return _clean(o.item())
+    return o
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document to stdout (NaN/inf become null)."""
+    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def print_table(rows: list[dict], columns: list[str] | None = None, title: str | None = None) -> None:
+    """A rich table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        print("(no rows)")
+        return
+    columns = columns or list(rows[0])
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[fmt(r.get(c)) for c in columns])
+    Console().print(t)
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def progress(iterable, total: int | None = None, desc: str = ""):
+    """A progress bar on stderr (rich); plain iteration when stderr is not a terminal."""
+    from rich.progress import track
+
+    return track(iterable, total=total, description=desc, console=_stderr_console(), transient=True)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)

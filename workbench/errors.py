@@ -1,0 +1,30 @@
+"""Errors a user can act on. The CLI prints them as one line and exits 2 (usage) or 1 (runtime)."""
+
+
+class WorkbenchError(Exception):
+    """Bad input or an impossible request; message names the problem and the fix. Exit code 2."""
+
+    exit_code = 2
+
+
+class RecompileError(WorkbenchError):
+    """A program recompiled while it was being timed."""
+
+    exit_code = 1
+
+
+class DoesNotFit(WorkbenchError):
+    """A program needs more memory than the device has."""
+
+    exit_code = 1
+
+
+def positive_int(name: str, value) -> int:
+    """Validate a size argument: a positive whole number."""
+    try:
+        iv = int(value)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"{name} must be a positive whole number, got {value!r}") from None
+    if iv != value and str(iv) != str(value) or iv <= 0:
+        raise WorkbenchError(f"{name} must be a positive whole number, got {value!r}")
+    return iv
