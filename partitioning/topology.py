@@ -1,0 +1,327 @@
+"""Prediction targets: TPU slices compiled for from this CPU host, and GPU nodes simulated on it.
+
+A target names a chip and a slice shape:
+
+    tpu-v5e:4x4     16 TPU v5e chips in a 4x4 2D torus    (also v5e:4x4, v5litepod:4x4)
+    tpu-v4:2x2x1    4 TPU v4 chips (megacore: one JAX device per chip, as on a real v4 host)
+    tpu-v5p:2x2x2   8 TPU v5p chips (megacore)
+    tpu-v6e:2x4     8 TPU v6e (Trillium) chips
+    h100:8          one node of 8 NVIDIA H100 SXM (also h200:8, b200:8, a100:8; h100:16 = two nodes)
+
+TPU targets get compile-only devices from the TPU compiler in libtpu through
+`jax.experimental.topologies.get_topology_desc` — no TPU attached, no device memory touched; the CPU platform stays
+JAX's default for everything else. GPU targets have no deviceless compiler in the installed jaxlib (see
+docs/targets.md): their programs are compiled for a simulated CPU mesh of the same shape and predicted with the GPU's
+catalogue spec and NVLink/InfiniBand collective models.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import re
+
+from workbench.errors import WorkbenchError
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuFamily:
+    """One TPU generation: how libtpu names it and what slice shapes it comes in."""
+
+    key: str                    # canonical short name: v5e
+    libtpu_name: str            # prefix of libtpu's topology name: "v5e" in "v5e:4x4"
+    dims: int                   # 2 = 2D torus (v5e, v6e), 3 = 3D torus (v4, v5p)
+    chip_config: str            # "megacore" fuses the chip's two TensorCores into one JAX device
+    max_chips: int              # largest slice Google Cloud sells (one pod)
+    spec_names: tuple[str, ...]  # names to look up in workbench.hardware
+    device_kind: str            # what libtpu reports as device_kind
+    slice_shapes: tuple[str, ...] = ()  # 2D families: the shapes on offer; empty = any accepted by libtpu
+    source: str = ""
+
+
+# Slice shapes and sizes: Google Cloud TPU documentation, read 2026-11 —
+#   v5e: https://cloud.google.com/tpu/docs/v5e   v6e: https://cloud.google.com/tpu/docs/v6e
+#   v4:  https://cloud.google.com/tpu/docs/v4    v5p: https://cloud.google.com/tpu/docs/v5p
+TPU_FAMILIES: dict[str, TpuFamily] = {
+    "v4": TpuFamily("v4", "v4", 3, "megacore", 4096, ("tpu-v4", "v4", "tpu_v4"), "TPU v4",
+                    source="https://cloud.google.com/tpu/docs/v4"),
+    "v5e": TpuFamily("v5e", "v5e", 2, "default", 256, ("tpu-v5e", "v5e", "tpu_v5e", "v5litepod"), "TPU v5 lite",
+                     ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+                     source="https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": TpuFamily("v5p", "v5p", 3, "megacore", 8960, ("tpu-v5p", "v5p", "tpu_v5p"), "TPU v5",
+                     source="https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": TpuFamily("v6e", "v6e", 2, "default", 256, ("tpu-v6e", "v6e", "tpu_v6e", "trillium"), "TPU v6 lite",
+                     ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+                     source="https://cloud.google.com/tpu/docs/v6e"),
+}
+_TPU_ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFamily:
+    key: str
+    spec_names: tuple[str, ...]
+    gpus_per_node: int = 8        # NVLink domain of an HGX/DGX node; beyond it InfiniBand
+    source: str = ""
+
+
+GPU_FAMILIES: dict[str, GpuFamily] = {
+    "a100": GpuFamily("a100", ("a100-80gb", "a100", "nvidia-a100-80gb", "a100_80gb"),
+                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
+    "h100": GpuFamily("h100", ("h100-sxm", "h100", "nvidia-h100-sxm", "h100_sxm"),
+                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
+    "h200": GpuFamily("h200", ("h200", "h200-sxm", "nvidia-h200", "h200_sxm"),
+                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
+    "b200": GpuFamily("b200", ("b200", "nvidia-b200", "b200_sxm"),
+                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A parsed, validated prediction target."""
+
+    name: str                  # canonical: tpu-v5e:4x4, h100:8
+    kind: str                  # "tpu" or "gpu"
+    family: str                # v5e, v4, h100, ...
+    shape: tuple[int, ...]     # TPU: chips per torus dimension; GPU: (nodes, gpus_per_node)
+    spec_names: tuple[str, ...]
+
+    @property
+    def n_chips(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def topology_name(self) -> str:
+        """libtpu's name for the slice, e.g. v5e:4x4."""
+        return f"{TPU_FAMILIES[self.family].libtpu_name}:{'x'.join(map(str, self.shape))}"
+
+    @property
+    def simulated(self) -> bool:
+        """True when the program is compiled for simulated CPU devices standing in for the target (GPU nodes)."""
+        return self.kind == "gpu"
+
+    @property
+    def n_nodes(self) -> int:
+        return self.shape[0] if self.kind == "gpu" else 1
+
+    def describe(self) -> str:
+        if self.kind == "tpu":
+            fam = TPU_FAMILIES[self.family]
+            return (f"{self.n_chips} TPU {self.family} chips, {'x'.join(map(str, self.shape))} "
+                    f"{fam.dims}D torus, compiled by libtpu for compile-only devices")
+        return (f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}), compiled for "
+                f"{self.n_chips} simulated CPU devices")
+
+
+def known_targets() -> list[str]:
+    """Examples of every family, for help texts and errors."""
+    return ([f"tpu-{k}:{'2x2' if f.dims == 2 else '2x2x1'}" for k, f in TPU_FAMILIES.items()]
+            + [f"{k}:8" for k in GPU_FAMILIES])
+
+
+_TARGET_RE = re.compile(r"^(?:tpu[-_]?)?(?P<chip>[a-z0-9]+?)(?:[-_](?P<count>\d+))?(?::(?P<shape>[0-9x]+))?$")
+
+
+def parse_target(text: str) -> Target:
+    """Parse `tpu-v5e:4x4`, `v4:2x2x1`, `h100:8`, `h200:16` (two nodes) into a validated Target."""
+    if not isinstance(text, str) or not text.strip():
+        raise WorkbenchError(f"empty --target; give one like {', '.join(known_targets())}")
+    raw = text.strip().lower()
+    m = _TARGET_RE.match(raw)
+    if not m:
+        raise WorkbenchError(f"cannot read target {text!r}; write CHIP:SHAPE like {', '.join(known_targets())}")
+    chip, count, shape_s = m.group("chip"), m.group("count"), m.group("shape")
+    chip = _TPU_ALIASES.get(chip, chip)
+    if chip in TPU_FAMILIES:
+        fam = TPU_FAMILIES[chip]
+        if shape_s is None:
+            if count is not None:
+                raise WorkbenchError(
+                    f"target {text!r} gives a size but not a topology; write the slice shape, e.g. "
+                    f"tpu-{chip}:{'4x4' if fam.dims == 2 else '2x2x2'}")
+            raise WorkbenchError(f"target {text!r} needs a topology; e.g. tpu-{chip}:{'2x2' if fam.dims == 2 else '2x2x1'}")
+        shape = _parse_shape(shape_s, text)
+        if len(shape) != fam.dims:
+            example = "4x4" if fam.dims == 2 else "2x2x2"
+            raise WorkbenchError(f"TPU {chip} slices are {fam.dims}D tori: topology {shape_s!r} has {len(shape)} "
+                                 f"dimensions; write e.g. tpu-{chip}:{example}")
+        n = math.prod(shape)
+        if n > fam.max_chips:
+            raise WorkbenchError(f"tpu-{chip}:{shape_s} has {n} chips; the largest {chip} slice has {fam.max_chips}")
+        if fam.slice_shapes and "x".join(map(str, shape)) not in fam.slice_shapes:
+            raise WorkbenchError(f"TPU {chip} does not come in a {shape_s} slice; choose one of "
+                                 f"{', '.join(fam.slice_shapes)}")
+        if fam.dims == 3:
+            for d in shape:
+                if d > 4 and d % 4:
+                    raise WorkbenchError(f"tpu-{chip}:{shape_s}: 3D slice dimensions above 4 must be multiples of 4")
+                if d in (3,):
+                    raise WorkbenchError(f"tpu-{chip}:{shape_s}: slice dimensions are 1, 2, 4 or multiples of 4")
+        return Target(f"tpu-{chip}:{'x'.join(map(str, shape))}", "tpu", chip, shape, fam.spec_names)
+    if chip in GPU_FAMILIES:
+        fam = GPU_FAMILIES[chip]
+        if shape_s is None and count is None:
+            raise WorkbenchError(f"target {text!r} needs a GPU count; e.g. {chip}:8 (one node) or {chip}:16 (two nodes)")
+        s = _parse_shape(shape_s or count, text)
+        if len(s) == 1:
+            n = s[0]
+            if n <= fam.gpus_per_node:
+                shape = (1, n)
+            elif n % fam.gpus_per_node:
+                raise WorkbenchError(f"{chip}:{n}: more than one node needs a multiple of {fam.gpus_per_node} GPUs "
+                                     f"(nodes of {fam.gpus_per_node}); e.g. {chip}:{fam.gpus_per_node * 2}")
+            else:
+                shape = (n // fam.gpus_per_node, fam.gpus_per_node)
+        elif len(s) == 2:
+            if s[1] > fam.gpus_per_node:
+                raise WorkbenchError(f"{chip}:{shape_s}: a node holds at most {fam.gpus_per_node} GPUs")
+            shape = s
+        else:
+            raise WorkbenchError(f"GPU target {text!r}: write {chip}:N (GPUs) or {chip}:NODESxGPUS")
+        return Target(f"{chip}:{shape[0] * shape[1]}" if shape[0] == 1 or shape[1] == fam.gpus_per_node
+                      else f"{chip}:{shape[0]}x{shape[1]}", "gpu", chip, shape, fam.spec_names)
+    raise WorkbenchError(f"unknown chip {m.group('chip')!r} in target {text!r}; known: "
+                         f"{', '.join(sorted(TPU_FAMILIES) + sorted(GPU_FAMILIES))} (e.g. {', '.join(known_targets())})")
+
+
+def _parse_shape(s: str, text: str) -> tuple[int, ...]:
+    parts = s.split("x")
+    if not all(p.isdigit() for p in parts):
+        raise WorkbenchError(f"cannot read topology {s!r} in target {text!r}; write sizes joined by x, e.g. 4x4")
+    shape = tuple(int(p) for p in parts)
+    if any(d < 1 for d in shape):
+        raise WorkbenchError(f"topology {s!r} in target {text!r} has a zero dimension; every size must be >= 1")
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# devices
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def require_libtpu() -> None:
+    if not libtpu_available():
+        raise WorkbenchError("libtpu is not installed, so TPU targets cannot be compiled here; install it with "
+                             "`.venv/bin/pip install -e '.[tpu]'` (or `make test`, which installs the pinned lock)")
+
+
+def _quiet_libtpu_env(target: Target) -> None:
+    """libtpu looks for a TPU VM's metadata at load; on a CPU host tell it there is none (only if the user did not)."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    accel = {"v5e": "v5litepod", "v6e": "v6e", "v4": "v4", "v5p": "v5p"}[target.family]
+    cores = target.n_chips * (2 if target.family in ("v4", "v5p") else 1)
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{accel}-{cores if target.family in ('v4', 'v5p') else target.n_chips}")
+
+
+def _host_bounds(target: Target) -> tuple[int, int, int]:
+    """Chips per host in each dimension: single-host slices are one host; larger ones are 2x2x1 per host."""
+    shape3 = tuple(target.shape) + (1,) * (3 - len(target.shape))
+    if target.n_chips <= 4 or (TPU_FAMILIES[target.family].dims == 2 and target.n_chips <= 8):
+        return shape3  # type: ignore[return-value]
+    return (2, 2, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def tpu_devices(target_name: str) -> tuple:
+    """Compile-only TPU devices for the slice (no TPU needed). Cached per target; the CPU stays JAX's default."""
+    target = parse_target(target_name)
+    if target.kind != "tpu":
+        raise WorkbenchError(f"{target.name} is not a TPU target")
+    require_libtpu()
+    from workbench.devices import default_platform
+
+    default_platform()  # CPU for everything else; libtpu is loaded only as a compiler plugin
+    _quiet_libtpu_env(target)
+    from jax.experimental import topologies
+
+    fam = TPU_FAMILIES[target.family]
+    try:
+        topo = topologies.get_topology_desc(
+            topology_name=target.topology_name, platform="tpu", chip_config_name=fam.chip_config,
+            chips_per_host_bounds=_host_bounds(target), num_slices=1)
+    except RuntimeError as e:  # JaxRuntimeError subclasses RuntimeError
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "not installed" in msg:
+            require_libtpu()
+        raise WorkbenchError(f"libtpu rejected topology {target.topology_name}: {msg}") from None
+    devices = tuple(topo.devices)
+    if len(devices) != target.n_chips:
+        raise WorkbenchError(f"libtpu made {len(devices)} devices for {target.topology_name}, expected "
+                             f"{target.n_chips} (one per chip)")
+    return devices
+
+
+def target_devices(target: Target) -> list:
+    """The devices a program for `target` is compiled for.
+
+    TPU: libtpu's compile-only devices. GPU: simulated CPU devices of the same count (the caller must have called
+    workbench.devices.request_devices(target.n_chips) before JAX started; a mismatch is a one-line error).
+    """
+    if target.kind == "tpu":
+        return list(tpu_devices(target.name))
+    import jax
+
+    from workbench.devices import request_devices
+
+    have = request_devices(target.n_chips)
+    devs = jax.devices()
+    if have != target.n_chips or len(devs) != target.n_chips:
+        raise WorkbenchError(f"{target.name} needs {target.n_chips} simulated CPU devices, JAX has {len(devs)}; "
+                             f"run it in a fresh process (the CLI does) or with --devices {target.n_chips}")
+    return list(devs)
+
+
+def device_grid(devices: list, shape: tuple[int, ...]):
+    """Devices arranged for a mesh of `shape`, physically aware on TPU (jax mesh_utils), plain order otherwise."""
+    import numpy as np
+
+    n = math.prod(shape)
+    if n != len(devices):
+        raise WorkbenchError(f"mesh of shape {'x'.join(map(str, shape))} needs {n} devices; the target has "
+                             f"{len(devices)}: make the mesh axis sizes multiply to {len(devices)}")
+    if devices and devices[0].platform == "tpu":
+        from jax.experimental import mesh_utils
+
+        try:
+            return mesh_utils.create_device_mesh(tuple(shape), devices=list(devices), allow_split_physical_axes=True)
+        except Exception:  # noqa: BLE001 - shapes the physical mapping cannot serve: fall back to id order
+            pass
+    return np.array(devices, dtype=object).reshape(shape)
+
+
+def parse_mesh_spec(spec: str | None, n_devices: int, default_axis: str = "data") -> dict[str, int]:
+    """`data=4,model=4` -> {'data': 4, 'model': 4}; None -> {default_axis: n_devices}. Sizes must multiply to n."""
+    if spec is None or not str(spec).strip():
+        return {default_axis: n_devices}
+    axes: dict[str, int] = {}
+    for part in str(spec).split(","):
+        if "=" not in part:
+            raise WorkbenchError(f"cannot read mesh {spec!r}: write AXIS=SIZE pairs like data=4,model=4")
+        k, v = (s.strip() for s in part.split("=", 1))
+        if not k or not v.isdigit() or int(v) < 1:
+            raise WorkbenchError(f"cannot read mesh {spec!r}: {part!r} must be AXIS=SIZE with SIZE >= 1")
+        if k in axes:
+            raise WorkbenchError(f"mesh {spec!r} names axis {k!r} twice")
+        axes[k] = int(v)
+    if math.prod(axes.values()) != n_devices:
+        raise WorkbenchError(f"mesh {spec!r} has {math.prod(axes.values())} devices but the target has {n_devices} "
+                             f"chips; make the sizes multiply to {n_devices}")
+    return axes
+
+
+def mesh_factorizations(n: int, axes: tuple[str, ...] = ("data", "model")) -> list[dict[str, int]]:
+    """Every way to split n devices over the named axes (sizes multiply to n), data-heaviest first."""
+    if len(axes) == 1:
+        return [{axes[0]: n}]
+    out = []
+    for d in sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True):
+        for rest in mesh_factorizations(n // d, axes[1:]):
+            out.append({axes[0]: d, **rest})
+    return out
