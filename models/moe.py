@@ -1,0 +1,566 @@
+"""Mixture-of-experts layer: routing as small pure functions, one Flax NNX block, expert parallelism in shard_map.
+
+The pipeline (each step a function below, testable alone):
+
+    logits_te = x_td @ w_router_de                       # router, always float32 (Switch Transformer, §2.4)
+    route      token-choice top-k (softmax | sigmoid scores)  or  expert-choice (each expert takes its top-C tokens)
+    permute    capacity:  scatter tokens into a padded (E, C, D) buffer, tokens over capacity are dropped
+               dropless:  sort the T·K assignments by expert, group sizes per expert
+    experts    capacity:  einsum 'ecd,edf->ecf' through the precision policy
+               dropless:  jax.lax.ragged_dot (grouped matmul) on the sorted rows
+    unpermute  gather each assignment's output, weight by its combine weight, sum over the k choices
+
+Letters: t tokens (batch·sequence flattened), g token groups, e experts, c capacity slots, d d_model, f d_ff,
+k top-k choices.
+
+Conventions (stated once, tested in tests/test_moe.py):
+- Capacity per expert (per token group) C = min(T, ceil(capacity_factor · T · k / E)); capacity_factor=None is dropless.
+- Drop priority (token-choice with capacity): every token's first choice is placed before any token's second choice,
+  and within a choice rank earlier tokens (batch-major, then sequence position) win. So a token loses its
+  lower-ranked experts first, and late tokens of a busy expert are the ones dropped (GShard / Switch "top-1 first").
+- Combine weights: softmax (or sigmoid) score of each chosen expert; with k > 1 they are renormalised over the k
+  chosen experts so each token's kept-and-dropped weights sum to 1 (Mixtral, DeepSeek-V3). With k = 1 the raw score
+  is kept (Switch), otherwise the router would get no gradient. Dropped assignments contribute zero (the residual
+  connection carries the token).
+- Load-balancing loss (Switch Transformer eq. 4, generalised to top-k): lb = E · Σ_e f_e · P_e, where f_e is the
+  fraction of the T·k routed assignments (before dropping) that chose expert e and P_e the mean router probability of
+  e. Uniform router probabilities give exactly 1 whatever the choices; perfect balance gives 1; collapse onto one
+  expert gives up to E. For sigmoid scores P uses the scores normalised to sum to 1 per token.
+- Router z-loss (ST-MoE eq. 5): z = mean_t (logsumexp_e logits_te)²; zero logits give (ln E)².
+- Router entropy: mean over tokens of -Σ_e p_te ln p_te, in nats (ln E at uniform).
+- Expert-choice (Zhou et al. 2022): probabilities are a softmax over experts, each expert takes its top-C tokens by
+  probability, combine weight = that probability (no renormalisation). A token chosen by no expert is "dropped".
+  Expert-choice looks at all tokens of a group at once, so it is not causal within a sequence: fine for the study,
+  not for autoregressive decoding.
+- Loss-free balancing (DeepSeek-V3, Wang et al. 2024): an optional per-expert bias added to the scores for the top-k
+  *selection only*, updated outside the gradient by bias_rate · sign(mean load - load) each training call.
+- Router jitter (Switch): multiply the router input by U(1-ε, 1+ε) in training.
+
+Expert parallelism (`ep_forward`): tokens are split over every mesh axis except the tensor axis; experts over the
+`expert` axis. Each device routes its own tokens (one token group per device), scatters them into a padded (E, C, D)
+buffer, `all_to_all` over `expert` sends expert e's rows to the device that holds e, experts run on
+(E/ep, ep·C, D), a second `all_to_all` brings results back, and the device combines. XLA:CPU in jax 0.10.2 does not
+implement `ragged-all-to-all` ("HLO opcode ragged-all-to-all is not supported by XLA:CPU ThunkEmitter"), so the
+exchange is always the padded all-to-all; a dropless block under EP uses C = T_local (nothing can be dropped, at the
+price of padding, visible in the flops and all-to-all bytes). A tensor axis, when present, splits d_ff inside each
+expert and a psum adds the partial outputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from workbench.errors import WorkbenchError
+
+ROUTERS = ("token-choice", "expert-choice")
+SCORES = ("softmax", "sigmoid")
+MLPS = ("gelu", "swiglu")
+EXPERT_AXIS = "expert"
+# mesh axes that split d_ff (tensor parallel) rather than tokens; every other mesh axis splits tokens under EP
+TENSOR_AXES = ("tensor", "model", "tp")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validation and capacity
+# ---------------------------------------------------------------------------------------------------------------
+def check_routing_args(n_experts: int, top_k: int, capacity_factor: float | None, router: str,
+                       score: str = "softmax", expert_axis_size: int = 1) -> None:
+    """One-line WorkbenchError for any impossible routing request."""
+    if isinstance(n_experts, bool) or not isinstance(n_experts, (int, np.integer)) or n_experts < 1:
+        raise WorkbenchError(f"number of experts must be a positive whole number, got {n_experts!r}")
+    if router not in ROUTERS:
+        raise WorkbenchError(f"unknown router {router!r}; choose one of {', '.join(ROUTERS)}")
+    if score not in SCORES:
+        raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(SCORES)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= n_experts:
+        raise WorkbenchError(f"top-k must be between 1 and the number of experts ({n_experts}), got {top_k!r}")
+    if capacity_factor is not None and not (isinstance(capacity_factor, (int, float)) and capacity_factor > 0):
+        raise WorkbenchError(f"capacity factor must be > 0 (or omitted for dropless), got {capacity_factor!r}")
+    if router == "expert-choice" and capacity_factor is None:
+        raise WorkbenchError("expert-choice routing needs a capacity factor (each expert takes C tokens); "
+                             "pass one, e.g. 1.0")
+    if expert_axis_size < 1 or n_experts % expert_axis_size:
+        raise WorkbenchError(f"{n_experts} experts are not divisible by the expert axis of size {expert_axis_size}; "
+                             "choose an expert-parallel degree that divides the number of experts")
+
+
+def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float | None) -> int:
+    """Slots per expert for a group of `tokens` tokens: min(T, ceil(cf·T·k/E)); dropless (None) gives T."""
+    if capacity_factor is None:
+        return tokens
+    return int(max(1, min(tokens, math.ceil(capacity_factor * tokens * top_k / n_experts))))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# routing
+# ---------------------------------------------------------------------------------------------------------------
+class Routing(NamedTuple):
+    """Token-choice routing of T tokens. All float32."""
+
+    expert_tk: jax.Array  # (T, K) int32 chosen experts, rank order
+    weight_tk: jax.Array  # (T, K) combine weights (before dropping)
+    probs_te: jax.Array  # (T, E) router distribution used for the aux loss and entropy (sums to 1 per token)
+
+
+def router_scores(logits_te: jax.Array, score: str) -> jax.Array:
+    """Per-expert scores: softmax over experts, or independent sigmoids."""
+    logits_te = logits_te.astype(jnp.float32)
+    if score == "softmax":
+        return jax.nn.softmax(logits_te, axis=-1)
+    if score == "sigmoid":
+        return jax.nn.sigmoid(logits_te)
+    raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(SCORES)}")
+
+
+def top_k_route(logits_te: jax.Array, top_k: int, score: str = "softmax", *, renormalize: bool | None = None,
+                bias_e: jax.Array | None = None) -> Routing:
+    """Token-choice top-k. `bias_e` (loss-free balancing) shifts the selection only, never the combine weights."""
+    scores_te = router_scores(logits_te, score)
+    select_te = scores_te if bias_e is None else scores_te + jax.lax.stop_gradient(bias_e.astype(jnp.float32))
+    _, expert_tk = jax.lax.top_k(select_te, top_k)
+    weight_tk = jnp.take_along_axis(scores_te, expert_tk, axis=-1)
+    if renormalize is None:
+        renormalize = top_k > 1
+    if renormalize:
+        weight_tk = weight_tk / jnp.sum(weight_tk, axis=-1, keepdims=True)
+    if score == "softmax":
+        probs_te = scores_te
+    else:
+        probs_te = scores_te / jnp.sum(scores_te, axis=-1, keepdims=True)
+    return Routing(expert_tk.astype(jnp.int32), weight_tk, probs_te)
+
+
+def assign_slots(expert_tk: jax.Array, n_experts: int, capacity: int | None):
+    """Position of each assignment in its expert's queue, and whether it fits.
+
+    Priority: choice rank first (all first choices, then all second choices, ...), token order within a rank.
+    Returns (position_tk int32, keep_tk bool); with capacity None everything is kept.
+    """
+    T, K = expert_tk.shape
+    order_e = expert_tk.T.reshape(K * T)  # rank-major
+    onehot = jax.nn.one_hot(order_e, n_experts, dtype=jnp.int32)  # (K·T, E)
+    pos = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # (K·T,)
+    position_tk = pos.reshape(K, T).T.astype(jnp.int32)
+    keep_tk = jnp.ones_like(position_tk, bool) if capacity is None else position_tk < capacity
+    return position_tk, keep_tk
+
+
+def expert_choice_route(logits_te: jax.Array, capacity: int):
+    """Each expert takes its `capacity` highest-probability tokens. Returns (token_ec, gate_ec, probs_te)."""
+    probs_te = jax.nn.softmax(logits_te.astype(jnp.float32), axis=-1)
+    gate_ec, token_ec = jax.lax.top_k(probs_te.T, capacity)  # ties: lower token index first
+    return token_ec.astype(jnp.int32), gate_ec, probs_te
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# losses and statistics (sums first, so shards/groups can be added before the ratios are taken)
+# ---------------------------------------------------------------------------------------------------------------
+def load_balancing_loss(probs_te: jax.Array, expert_tk: jax.Array, n_experts: int) -> jax.Array:
+    """Switch convention: E · Σ_e f_e · P_e (see module docstring); uniform probabilities give exactly 1."""
+    T, K = expert_tk.shape
+    f_e = jnp.sum(jax.nn.one_hot(expert_tk, n_experts, dtype=jnp.float32), axis=(0, 1)) / (T * K)
+    P_e = jnp.mean(probs_te, axis=0)
+    return n_experts * jnp.sum(f_e * P_e)
+
+
+def z_loss(logits_te: jax.Array) -> jax.Array:
+    """ST-MoE router z-loss: mean_t logsumexp(logits_t)²."""
+    return jnp.mean(jax.nn.logsumexp(logits_te.astype(jnp.float32), axis=-1) ** 2)
+
+
+def entropy(probs_te: jax.Array) -> jax.Array:
+    """Mean over tokens of the router distribution's entropy (nats)."""
+    return jnp.mean(-jnp.sum(probs_te * jnp.log(jnp.clip(probs_te, 1e-30)), axis=-1))
+
+
+STAT_KEYS = ("tokens", "assignments", "dropped", "load_e", "prob_sum_e", "z_sum", "entropy_sum")
+
+
+def routing_sums(logits_te, probs_te, load_e, assignments, dropped):
+    """Additive statistics of one token group (floats), finalised by `finalize_stats` after any psum/sum."""
+    f32 = jnp.float32
+    return {
+        "tokens": jnp.asarray(logits_te.shape[0], f32),
+        "assignments": jnp.asarray(assignments, f32),
+        "dropped": jnp.asarray(dropped, f32),
+        "load_e": load_e.astype(f32),
+        "prob_sum_e": jnp.sum(probs_te, axis=0),
+        "z_sum": jnp.sum(jax.nn.logsumexp(logits_te.astype(f32), axis=-1) ** 2),
+        "entropy_sum": jnp.sum(-jnp.sum(probs_te * jnp.log(jnp.clip(probs_te, 1e-30)), axis=-1)),
+    }
+
+
+def finalize_stats(s: dict, aux_loss_coef: float, z_loss_coef: float) -> dict:
+    """Ratios from the additive sums: the aux dict every MoE block returns (float32 scalars)."""
+    E = s["load_e"].shape[-1]
+    f_e = s["load_e"] / jnp.maximum(s["assignments"], 1.0)
+    P_e = s["prob_sum_e"] / jnp.maximum(s["tokens"], 1.0)
+    lb = E * jnp.sum(f_e * P_e)
+    z = s["z_sum"] / jnp.maximum(s["tokens"], 1.0)
+    mean_load = jnp.mean(s["load_e"])
+    return {
+        "loss": (aux_loss_coef * lb + z_loss_coef * z).astype(jnp.float32),
+        "lb_loss": lb.astype(jnp.float32),
+        "z_loss": z.astype(jnp.float32),
+        "dropped_fraction": (s["dropped"] / jnp.maximum(s["assignments"], 1.0)).astype(jnp.float32),
+        "load_max_over_mean": (jnp.max(s["load_e"]) / jnp.maximum(mean_load, 1e-9)).astype(jnp.float32),
+        "router_entropy": (s["entropy_sum"] / jnp.maximum(s["tokens"], 1.0)).astype(jnp.float32),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# permute / unpermute
+# ---------------------------------------------------------------------------------------------------------------
+def dispatch(x_td, expert_tk, position_tk, keep_tk, n_experts: int, capacity: int):
+    """Scatter each kept assignment's token into a zero-padded (E, C, D) buffer (dropped ones go to a dummy row)."""
+    T, K = expert_tk.shape
+    slot_tk = jnp.where(keep_tk, expert_tk * capacity + position_tk, n_experts * capacity)
+    x_tkd = jnp.broadcast_to(x_td[:, None, :], (T, K, x_td.shape[-1]))
+    buf = jnp.zeros((n_experts * capacity + 1, x_td.shape[-1]), x_td.dtype)
+    buf = buf.at[slot_tk.reshape(-1)].set(x_tkd.reshape(T * K, -1), unique_indices=False)
+    return buf[:-1].reshape(n_experts, capacity, -1)
+
+
+def combine(y_ecd, expert_tk, position_tk, keep_tk, weight_tk):
+    """Gather each assignment's expert output, weight it, sum over the k choices: (T, D) in float32."""
+    E, C, D = y_ecd.shape
+    slot_tk = jnp.where(keep_tk, expert_tk * C + position_tk, E * C)
+    flat = jnp.concatenate([y_ecd.reshape(E * C, D), jnp.zeros((1, D), y_ecd.dtype)], axis=0)
+    y_tkd = flat[slot_tk].astype(jnp.float32)
+    w_tk = jnp.where(keep_tk, weight_tk, 0.0).astype(jnp.float32)
+    return jnp.einsum("tkd,tk->td", y_tkd, w_tk)
+
+
+def sort_by_expert(expert_tk, n_experts: int):
+    """Dropless permutation: assignment order sorted by expert (stable). Returns (order, token_of_row, group_sizes_e)."""
+    T, K = expert_tk.shape
+    flat = expert_tk.reshape(T * K)
+    order = jnp.argsort(flat, stable=True)  # row r of the sorted layout is assignment order[r]
+    group_sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
+    return order, order // K, group_sizes
+
+
+def unsort_combine(y_rd, order, weight_tk):
+    """Inverse of `sort_by_expert` followed by the weighted sum over k: (T, D) float32."""
+    T, K = weight_tk.shape
+    y_assign = jnp.zeros_like(y_rd).at[order].set(y_rd).reshape(T, K, -1).astype(jnp.float32)
+    return jnp.einsum("tkd,tk->td", y_assign, weight_tk.astype(jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# expert compute
+# ---------------------------------------------------------------------------------------------------------------
+def _act(mlp: str, h, g=None):
+    if mlp == "gelu":
+        return jax.nn.gelu(h)
+    return jax.nn.silu(g) * h  # swiglu
+
+
+def experts_dense(params: dict, x_ecd, mlp: str, dot) -> jax.Array:
+    """Expert FFN on a padded buffer (E, C, D) -> (E, C, D) through the policy's einsum `dot`."""
+    h = dot("ecd,edf->ecf", x_ecd, params["w_in_edf"])
+    if "b_in_ef" in params:
+        h = h + params["b_in_ef"][:, None, :].astype(h.dtype)
+    g = dot("ecd,edf->ecf", x_ecd, params["w_gate_edf"]) if mlp == "swiglu" else None
+    y = dot("ecf,efd->ecd", _act(mlp, h, g), params["w_out_efd"])
+    return y
+
+
+def ragged_dot(x_rd, w_edf, group_sizes, compute_dtype):
+    """Grouped matmul with the policy's compute dtype and float32 accumulation (the policy has no ragged op)."""
+    y = jax.lax.ragged_dot(x_rd.astype(compute_dtype), w_edf.astype(compute_dtype), group_sizes,
+                           preferred_element_type=jnp.float32)
+    return y.astype(compute_dtype)
+
+
+def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype) -> jax.Array:
+    """Expert FFN on rows sorted by expert (dropless): jax.lax.ragged_dot, group_sizes per expert."""
+    h = ragged_dot(x_rd, params["w_in_edf"], group_sizes, compute_dtype)
+    if "b_in_ef" in params:
+        h = h + params["b_in_ef"][expert_r].astype(h.dtype)
+    g = ragged_dot(x_rd, params["w_gate_edf"], group_sizes, compute_dtype) if mlp == "swiglu" else None
+    return ragged_dot(_act(mlp, h, g), params["w_out_efd"], group_sizes, compute_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one token group, local experts
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MoEOptions:
+    """The static routing choices (hashable; read from ModelConfig by `options_from_config`)."""
+
+    n_experts: int
+    top_k: int
+    capacity_factor: float | None = None
+    router: str = "token-choice"
+    score: str = "softmax"
+    mlp: str = "gelu"
+    renormalize: bool | None = None  # None: k > 1
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.0
+
+
+def options_from_config(cfg) -> MoEOptions:
+    return MoEOptions(
+        n_experts=cfg.n_experts, top_k=cfg.top_k, capacity_factor=cfg.capacity_factor,
+        router=getattr(cfg, "router", "token-choice"), score=getattr(cfg, "router_score", "softmax"),
+        mlp=getattr(cfg, "mlp", "gelu"), renormalize=getattr(cfg, "router_renormalize", None),
+        aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)))
+
+
+def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
+    """Routing of one token group, no expert compute. Returns a dict of arrays used by the permute steps and the
+    additive statistics. Used by the block, the EP path and `workbench moe route`."""
+    E = opt.n_experts
+    if opt.router == "expert-choice":
+        token_ec, gate_ec, probs_te = expert_choice_route(logits_te, capacity)
+        T = logits_te.shape[0]
+        chosen_t = jnp.zeros((T,), jnp.int32).at[token_ec.reshape(-1)].add(1)
+        # an expert-choice "assignment" is a token and dropped = tokens no expert took; every expert takes C tokens,
+        # so the load is uniform by construction (scaled so that f_e sums to 1 as for token-choice)
+        load_e = jnp.full((E,), T / E, jnp.float32)
+        sums = routing_sums(logits_te, probs_te, load_e, T, jnp.sum(chosen_t == 0))
+        return {"token_ec": token_ec, "gate_ec": gate_ec}, sums
+    r = top_k_route(logits_te, opt.top_k, opt.score, renormalize=opt.renormalize, bias_e=bias_e)
+    position_tk, keep_tk = assign_slots(r.expert_tk, E, capacity)
+    load_e = jnp.sum(jax.nn.one_hot(r.expert_tk, E, dtype=jnp.float32), axis=(0, 1))
+    T, K = r.expert_tk.shape
+    sums = routing_sums(logits_te, r.probs_te, load_e, T * K, jnp.sum(~keep_tk))
+    return {"expert_tk": r.expert_tk, "weight_tk": r.weight_tk, "position_tk": position_tk, "keep_tk": keep_tk}, sums
+
+
+def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None):
+    """MoE of one token group with all experts local. Returns (y_td float32, sums)."""
+    T = x_td.shape[0]
+    E = opt.n_experts
+    if opt.capacity_factor is None and opt.router == "token-choice":  # dropless: sort + ragged_dot
+        route, sums = route_group(logits_te, opt, None, bias_e)
+        order, token_r, group_sizes = sort_by_expert(route["expert_tk"], E)
+        expert_r = route["expert_tk"].reshape(-1)[order]
+        y_rd = experts_ragged(params, x_td[token_r], group_sizes, expert_r, opt.mlp, compute_dtype)
+        y_rd = _add_out_bias(params, y_rd, expert_r)
+        return unsort_combine(y_rd, order, route["weight_tk"]), sums
+    C = expert_capacity(T, E, opt.top_k, opt.capacity_factor)
+    route, sums = route_group(logits_te, opt, C, bias_e)
+    if opt.router == "expert-choice":
+        x_ecd = x_td[route["token_ec"]]
+        y_ecd = _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+        y_td = jnp.zeros((T, x_td.shape[-1]), jnp.float32).at[route["token_ec"].reshape(-1)].add(
+            (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, -1))
+        return y_td, sums
+    x_ecd = dispatch(x_td, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
+    y_ecd = _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+    return combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"]), sums
+
+
+def _add_out_bias(params, y_rd, expert_r):
+    if "b_out_ed" in params:
+        return y_rd + params["b_out_ed"][expert_r].astype(y_rd.dtype)
+    return y_rd
+
+
+def _add_out_bias_ecd(params, y_ecd):
+    if "b_out_ed" in params:
+        return y_ecd + params["b_out_ed"][:, None, :].astype(y_ecd.dtype)
+    return y_ecd
+
+
+def router_logits(x_td, w_router_de):
+    """Router logits in float32 whatever the policy (Switch Transformer's selective precision)."""
+    return jnp.einsum("td,de->te", x_td.astype(jnp.float32), w_router_de.astype(jnp.float32))
+
+
+def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: int = 1, bias_e=None,
+              jitter_td=None):
+    """All experts on this device; tokens split into `groups` equal groups with their own capacity (GShard groups;
+    the EP path routes one group per device, so `groups` = token shards reproduces it exactly)."""
+    T, D = x_td.shape
+    if T % groups:
+        raise WorkbenchError(f"{T} tokens cannot be split into {groups} equal routing groups")
+    xr = x_td if jitter_td is None else x_td * jitter_td
+    logits_te = router_logits(xr, params["w_router_de"])
+    if groups == 1:
+        return moe_group(params, x_td, logits_te, opt, dot, compute_dtype, bias_e)
+    x_gtd = x_td.reshape(groups, T // groups, D)
+    l_gte = logits_te.reshape(groups, T // groups, -1)
+    ys, sums = [], []
+    for g in range(groups):  # a Python loop keeps `dot` (an nnx module) out of vmap; groups are few
+        y, s = moe_group(params, x_gtd[g], l_gte[g], opt, dot, compute_dtype, bias_e)
+        ys.append(y)
+        sums.append(s)
+    total = jax.tree.map(lambda *a: sum(a), *sums)
+    return jnp.concatenate(ys, axis=0), total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# expert parallelism
+# ---------------------------------------------------------------------------------------------------------------
+def current_mesh():
+    """The mesh in context (jax.set_mesh / nnx), or None."""
+    m = jax.sharding.get_abstract_mesh()
+    if m is None or m.empty:
+        return None
+    return m
+
+
+def ep_axes(mesh, expert_axis: str = EXPERT_AXIS):
+    """(token axes, tensor axis or None) for the EP layout on `mesh`."""
+    names = tuple(mesh.axis_names)
+    tensor = next((a for a in TENSOR_AXES if a in names and mesh.shape[a] > 1), None)
+    token_axes = tuple(a for a in names if a != tensor)
+    return token_axes, tensor
+
+
+def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
+               bias_e=None):
+    """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums)."""
+    mesh = mesh if mesh is not None else current_mesh()
+    if mesh is None or expert_axis not in mesh.axis_names:
+        raise WorkbenchError(f"expert parallelism needs a mesh with an {expert_axis!r} axis in context "
+                             "(use --strategy ep or pass mesh=)")
+    ep = mesh.shape[expert_axis]
+    E = opt.n_experts
+    check_routing_args(E, opt.top_k, opt.capacity_factor, opt.router, opt.score, ep)
+    token_axes, tensor = ep_axes(mesh, expert_axis)
+    n_tok_shards = int(np.prod([mesh.shape[a] for a in token_axes]))
+    T, D = x_td.shape
+    if T % n_tok_shards:
+        raise WorkbenchError(f"{T} tokens are not divisible by the {n_tok_shards} token shards of mesh axes "
+                             f"{token_axes}; change the batch size or sequence length")
+    T_loc = T // n_tok_shards
+    # one routing group per device; dropless (None) gives C = T_loc: nothing can be dropped, padding pays for it
+    C = expert_capacity(T_loc, E, opt.top_k, opt.capacity_factor)
+    tok_spec = P(token_axes, None)
+    w_specs = {
+        "w_router_de": P(None, None),
+        "w_in_edf": P(expert_axis, None, tensor), "w_gate_edf": P(expert_axis, None, tensor),
+        "w_out_efd": P(expert_axis, tensor, None),
+        "b_in_ef": P(expert_axis, tensor), "b_out_ed": P(expert_axis, None),
+    }
+    p_specs = {k: w_specs[k] for k in params}
+
+    def local(p, x_loc, bias):
+        logits = router_logits(x_loc, p["w_router_de"])
+        route, sums = route_group(logits, opt, C, bias)
+        if opt.router == "expert-choice":
+            x_ecd = x_loc[route["token_ec"]]
+        else:
+            x_ecd = dispatch(x_loc, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
+        # (E, C, D) -> (E_loc, ep·C, D): rows for expert e go to the device holding e
+        x_recv = jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
+        pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+        y_recv = experts_dense(pl, x_recv, opt.mlp, dot)
+        if tensor is not None:
+            y_recv = jax.lax.psum(y_recv, tensor)
+        if "b_out_ed" in p:
+            y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
+        y_ecd = jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
+        if opt.router == "expert-choice":
+            y = jnp.zeros((T_loc, D), jnp.float32).at[route["token_ec"].reshape(-1)].add(
+                (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, D))
+        else:
+            y = combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"])
+        sums = jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
+        return y, sums
+
+    bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
+    sums_spec = {k: P() for k in STAT_KEYS}
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P()), out_specs=(tok_spec, sums_spec))
+    return fn(params, x_td, bias)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Flax NNX block
+# ---------------------------------------------------------------------------------------------------------------
+class ExpertBias(nnx.Variable):
+    """Loss-free balancing bias (not a parameter: updated by a rule, not by the optimizer)."""
+
+
+def _param(value, names):
+    """A parameter carrying logical axis names; sharded eagerly only when a mesh is in context."""
+    if current_mesh() is None:  # nothing to shard onto; keep the names as metadata
+        return nnx.Param(value, out_sharding=names, eager_sharding=False)
+    return nnx.Param(value, out_sharding=names)  # flax's default (eager sharding through the logical rules)
+
+
+class MoEBlock(nnx.Module):
+    """Mixture-of-experts FFN. `__call__(x_btd) -> (y_btd, aux)`; aux holds float32 scalars:
+    loss (aux_loss_coef·lb_loss + z_loss_coef·z_loss, add it to the training loss), lb_loss, z_loss,
+    dropped_fraction, load_max_over_mean, router_entropy.
+
+    Expert parallelism is used when the mesh in context (or `mesh=`) has an `expert` axis of size > 1
+    (`expert_parallel=False` forces the local path). Optional config fields (getattr, default off):
+    router_jitter (ε), router_bias_rate (loss-free balancing step), router_renormalize, moe_groups.
+    """
+
+    def __init__(self, cfg, policy, *, rngs: nnx.Rngs, mesh=None, expert_parallel: bool | None = None):
+        self.opt = options_from_config(cfg)
+        check_routing_args(self.opt.n_experts, self.opt.top_k, self.opt.capacity_factor, self.opt.router,
+                           self.opt.score)
+        if self.opt.mlp not in MLPS:
+            raise WorkbenchError(f"unknown mlp {self.opt.mlp!r}; choose one of {', '.join(MLPS)}")
+        E, D, F = cfg.n_experts, cfg.d_model, cfg.d_ff
+        self.compute_dtype = policy.compute_dtype
+        pd = policy.param_dtype
+        init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1,
+                                                    batch_axis=(0,))
+        self.w_router_de = _param(jax.nn.initializers.normal(D ** -0.5)(rngs.params(), (D, E), pd), ("embed", None))
+        self.w_in_edf = _param(init(rngs.params(), (E, D, F), pd), ("experts", "embed", "mlp"))
+        if self.opt.mlp == "swiglu":
+            self.w_gate_edf = _param(init(rngs.params(), (E, D, F), pd), ("experts", "embed", "mlp"))
+        self.w_out_efd = _param(init(rngs.params(), (E, F, D), pd), ("experts", "mlp", "embed"))
+        if getattr(cfg, "bias", False):
+            self.b_in_ef = _param(jnp.zeros((E, F), pd), ("experts", "mlp"))
+            self.b_out_ed = _param(jnp.zeros((E, D), pd), ("experts", "embed"))
+        self.dot = policy.einsum_module(rngs=rngs)
+        self.jitter = float(getattr(cfg, "router_jitter", 0.0) or 0.0)
+        self.bias_rate = float(getattr(cfg, "router_bias_rate", 0.0) or 0.0)
+        if self.bias_rate:
+            self.expert_bias = ExpertBias(jnp.zeros((E,), jnp.float32))
+        self.rngs = rngs if self.jitter else None
+        self.groups = int(getattr(cfg, "moe_groups", 1) or 1)
+        self.mesh = mesh
+        self.expert_parallel = expert_parallel
+        self.deterministic = False  # training by default; set True (e.g. via nnx.Module.eval()) for evaluation
+
+    def param_dict(self) -> dict:
+        names = ("w_router_de", "w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef", "b_out_ed")
+        return {n: getattr(self, n)[...] for n in names if hasattr(self, n)}
+
+    def _use_ep(self):
+        if self.expert_parallel is False:
+            return None
+        mesh = self.mesh if self.mesh is not None else current_mesh()
+        if mesh is not None and EXPERT_AXIS in mesh.axis_names and mesh.shape[EXPERT_AXIS] > 1:
+            return mesh
+        if self.expert_parallel:
+            raise WorkbenchError("expert_parallel=True needs a mesh with an 'expert' axis of size > 1 in context")
+        return None
+
+    def __call__(self, x_btd):
+        B, S, D = x_btd.shape
+        x_td = x_btd.reshape(B * S, D)
+        params = self.param_dict()
+        bias_e = self.expert_bias[...] if self.bias_rate else None
+        mesh = self._use_ep()
+        if mesh is not None:
+            y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=mesh, bias_e=bias_e)
+        else:
+            jitter_td = None
+            if self.jitter and not self.deterministic:
+                jitter_td = jax.random.uniform(self.rngs.dropout(), (B * S, D), jnp.float32,
+                                               1.0 - self.jitter, 1.0 + self.jitter)
+            y_td, sums = moe_local(params, x_td, self.opt, self.dot, self.compute_dtype, self.groups, bias_e,
+                                   jitter_td)
+        if self.bias_rate and not self.deterministic:
+            load_e = sums["load_e"]
+            self.expert_bias[...] = bias_e + self.bias_rate * jnp.sign(jnp.mean(load_e) - load_e)
+        aux = finalize_stats(sums, self.opt.aux_loss_coef, self.opt.z_loss_coef)
+        return y_td.astype(self.compute_dtype).reshape(B, S, D), aux
