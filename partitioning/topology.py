@@ -296,24 +296,12 @@ def device_grid(devices: list, shape: tuple[int, ...]):
     return np.array(devices, dtype=object).reshape(shape)
 
 
-def parse_mesh_spec(spec: str | None, n_devices: int, default_axis: str = "data") -> dict[str, int]:
-    """`data=4,model=4` -> {'data': 4, 'model': 4}; None -> {default_axis: n_devices}. Sizes must multiply to n."""
-    if spec is None or not str(spec).strip():
-        return {default_axis: n_devices}
-    axes: dict[str, int] = {}
-    for part in str(spec).split(","):
-        if "=" not in part:
-            raise WorkbenchError(f"cannot read mesh {spec!r}: write AXIS=SIZE pairs like data=4,model=4")
-        k, v = (s.strip() for s in part.split("=", 1))
-        if not k or not v.isdigit() or int(v) < 1:
-            raise WorkbenchError(f"cannot read mesh {spec!r}: {part!r} must be AXIS=SIZE with SIZE >= 1")
-        if k in axes:
-            raise WorkbenchError(f"mesh {spec!r} names axis {k!r} twice")
-        axes[k] = int(v)
+def check_mesh_size(axes: dict[str, int], n_devices: int, target_name: str) -> None:
+    """The mesh must use every chip of the target exactly once."""
     if math.prod(axes.values()) != n_devices:
-        raise WorkbenchError(f"mesh {spec!r} has {math.prod(axes.values())} devices but the target has {n_devices} "
-                             f"chips; make the sizes multiply to {n_devices}")
-    return axes
+        spec = ",".join(f"{k}={v}" for k, v in axes.items())
+        raise WorkbenchError(f"mesh {spec} has {math.prod(axes.values())} devices but {target_name} has {n_devices} "
+                             f"chips; make the axis sizes multiply to {n_devices}")
 
 
 def mesh_factorizations(n: int, axes: tuple[str, ...] = ("data", "model")) -> list[dict[str, int]]:

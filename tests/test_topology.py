@@ -56,12 +56,9 @@ def test_bad_targets_are_one_line_errors(text, words):
 
 
 def test_mesh_spec_and_factorizations():
-    assert topo.parse_mesh_spec(None, 16) == {"data": 16}
-    assert topo.parse_mesh_spec("data=4,model=4", 16) == {"data": 4, "model": 4}
-    with pytest.raises(WorkbenchError, match="multiply to 16"):
-        topo.parse_mesh_spec("data=4,model=2", 16)
-    with pytest.raises(WorkbenchError, match="AXIS=SIZE"):
-        topo.parse_mesh_spec("data:4", 4)
+    topo.check_mesh_size({"data": 4, "model": 4}, 16, "tpu-v5e:4x4")
+    with pytest.raises(WorkbenchError, match="tpu-v5e:4x4 has 16 chips; make the axis sizes multiply to 16"):
+        topo.check_mesh_size({"data": 4, "model": 2}, 16, "tpu-v5e:4x4")
     facts = topo.mesh_factorizations(16)
     assert all(math.prod(f.values()) == 16 for f in facts) and len(facts) == 5  # divisors of 16
     assert len({tuple(f.values()) for f in topo.mesh_factorizations(12, ("a", "b", "c"))}) == 18
