@@ -1,0 +1,73 @@
+"""Time of one collective from its kind, payload, group size and the interconnect (per device, seconds).
+
+Conventions: `payload` V is the full array the collective acts on within one group (all-gather: the gathered result,
+each device holds V/g before; reduce-scatter: the input each device holds before, V/g after; all-reduce: the array;
+all-to-all: the operand each device holds, of which (g−1)/g leaves it; collective-permute: the operand sent).
+`link_bw` is one-way bytes/s per link, α the per-step latency.
+
+TPU ICI (ring/torus, groups laid along torus axes with wraparound; k = torus axes the group spans, each giving a
+bidirectional ring, i.e. 2·k links' worth of one-way bandwidth), after the JAX scaling book ("How to think about
+TPUs", collectives chapter):
+    all-gather, reduce-scatter : V·(g−1)/g / (2k·link_bw) + α·(g−1)
+    all-reduce                 : 2 × reduce-scatter (reduce-scatter then all-gather)
+    all-to-all                 : V·g/8 / (k·link_bw)  (average ring distance g/4, both directions)
+    collective-permute         : V / link_bw + α
+NVLink (switched, full bisection inside a node; NCCL ring algorithms; per-GPU one-way bandwidth B = link_bw·links):
+    all-gather, reduce-scatter : V·(g−1)/g / B + α·(g−1);  all-reduce: 2× that;  all-to-all: V·(g−1)/g / B
+    collective-permute         : V / B
+    Groups larger than one node (8 GPUs) run at the scale-out (InfiniBand) bandwidth per GPU instead of B.
+Infinity Fabric (MI300X: a full mesh, one direct link to each of up to 7 peers):
+    all-gather, reduce-scatter, all-to-all : (V/g) / link_bw + α;  all-reduce: 2× that;  permute: V / link_bw
+Host memory (simulated CPU devices on one host): a collective is memory traffic through the host's memory:
+    all-gather/reduce-scatter/all-to-all move 2·V·(g−1)/g bytes (read + write), all-reduce 4·V·(g−1)/g, permute 2·V,
+    at the host's measured streaming bandwidth (the roofline multiplies by the device count: they share it).
+"""
+from __future__ import annotations
+
+from workbench.errors import WorkbenchError
+
+GPUS_PER_NODE = 8
+
+
+def collective_time(kind: str, payload_bytes: float, group_size: int, interconnect, *, torus_axes: int = 1) -> float:
+    """Seconds one device spends in one collective. group_size 1 (or a no-op) costs 0."""
+    V, g = float(payload_bytes), int(group_size)
+    if kind == "collective-permute":
+        g = max(g, 2)
+    if g <= 1 or V <= 0:
+        return 0.0
+    kind = kind.replace("ragged-", "")
+    ic = interconnect
+    a = ic.latency_s or 0.0
+    frac = (g - 1) / g
+    if ic.kind.startswith("ici"):
+        k = max(1, torus_axes)
+        bw = 2 * k * ic.link_bw
+        ag = V * frac / bw + a * (g - 1)
+        return {"all-gather": ag, "reduce-scatter": ag, "all-reduce": 2 * ag,
+                "all-to-all": V * g / 8 / (k * ic.link_bw) + a * (g - 1),
+                "collective-broadcast": ag, "collective-permute": V / ic.link_bw + a}[_known(kind)]
+    if ic.kind == "nvlink":
+        B = ic.link_bw * ic.links
+        if g > GPUS_PER_NODE and ic.scale_out_bw:
+            B = ic.scale_out_bw
+        ag = V * frac / B + a * (g - 1)
+        return {"all-gather": ag, "reduce-scatter": ag, "all-reduce": 2 * ag, "all-to-all": V * frac / B + a,
+                "collective-broadcast": ag, "collective-permute": V / B + a}[_known(kind)]
+    if ic.kind == "infinity-fabric":
+        t = (V / g) / ic.link_bw + a
+        return {"all-gather": t, "reduce-scatter": t, "all-reduce": 2 * t, "all-to-all": t,
+                "collective-broadcast": t, "collective-permute": V / ic.link_bw + a}[_known(kind)]
+    if ic.kind == "host-memory":
+        traffic = {"all-gather": 2 * V * frac, "reduce-scatter": 2 * V * frac, "all-reduce": 4 * V * frac,
+                   "all-to-all": 2 * V * frac, "collective-broadcast": 2 * V * frac,
+                   "collective-permute": 2 * V}[_known(kind)]
+        return traffic / ic.link_bw
+    raise WorkbenchError(f"no collective model for interconnect kind {ic.kind!r}")
+
+
+def _known(kind: str) -> str:
+    if kind not in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute",
+                    "collective-broadcast"):
+        raise WorkbenchError(f"no cost model for collective {kind!r}")
+    return kind
