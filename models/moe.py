@@ -524,7 +524,7 @@ class MoEBlock(nnx.Module):
         self.bias_rate = float(getattr(cfg, "router_bias_rate", 0.0) or 0.0)
         if self.bias_rate:
             self.expert_bias = ExpertBias(jnp.zeros((E,), jnp.float32))
-        self.rngs = rngs if self.jitter else None
+        self.rngs = nnx.data(rngs if self.jitter else None)  # jitter noise stream ('dropout')
         self.groups = int(getattr(cfg, "moe_groups", 1) or 1)
         self.mesh = mesh
         self.expert_parallel = expert_parallel
