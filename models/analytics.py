@@ -1,0 +1,127 @@
+"""Analytic counts from a config: parameters, FLOPs per token, KV-cache and training-memory estimates.
+
+Conventions (stated once, used everywhere):
+- params_total counts every parameter of models.transformer.Transformer (a test checks it against the instantiated
+  model). params_embedding = the input lookup tables (token embedding + learned positions); the output head is a
+  matmul and is not in params_embedding (for tied embeddings it shares the token table, counted once).
+- params_active: parameters one token touches (MoE: top_k of the n_experts expert MLPs).
+- train_flops_per_token = 6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len, where N_matmul counts the
+  active matmul weights including the output head (and the MoE router) but not the embedding lookups, biases or
+  norms: the Megatron-LM / PaLM convention (Narayanan et al. 2021 eq. 3; Chowdhery et al. 2022 App. B), full
+  (non-causal) attention. train_flops_per_token_causal halves the attention term (the causal mask skips half).
+- forward_flops_per_token = one third of the training figure (2 * N_matmul + 4 * L * n * h * s).
+- kv_cache_bytes_per_token: 2 (K and V) * n_layers * n_kv_heads * head_dim * bytes(dtype).
+- Training memory: 16 bytes per parameter (float32 master weights 4, float32 gradients 4, AdamW first and second
+  moments 4 + 4); activations saved for the backward pass per token counted per layer in the manner of Korthikanti
+  et al. 2022 ('Reducing Activation Recomputation in Large Transformer Models', Sec. 4.1) without dropout masks,
+  in elements of the compute dtype, plus the float32 logits.
+"""
+from __future__ import annotations
+
+from models.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
+
+
+def _norm_params(cfg: ModelConfig) -> int:
+    return 2 * cfg.d_model if cfg.norm == "layernorm" else cfg.d_model  # scale (+ bias for LayerNorm)
+
+
+def mlp_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, biases) of one dense MLP (or one expert)."""
+    d, f = cfg.d_model, cfg.d_ff
+    b = f + d if cfg.bias else 0  # up-projection and output biases (the SwiGLU gate has none)
+    return (2 if cfg.mlp == "gelu" else 3) * d * f, b
+
+
+def attention_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, biases) of one attention block."""
+    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    w = d * n * h + 2 * d * k * h + n * h * d
+    b = (n * h + 2 * k * h + d) if cfg.bias else 0
+    return w, b
+
+
+def param_groups(cfg: ModelConfig) -> dict[str, int]:
+    """Parameter counts by group (total over layers). Keys: embedding, position, attention, mlp, router, norms, head."""
+    L, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
+    aw, ab = attention_params(cfg)
+    mw, mb = mlp_params(cfg)
+    experts = max(cfg.n_experts, 1)
+    return {
+        "embedding": v * d,
+        "position": cfg.seq_len * d if cfg.pos == "learned" else 0,
+        "attention": L * (aw + ab),
+        "mlp": L * experts * (mw + mb),
+        "router": L * d * cfg.n_experts if cfg.is_moe else 0,
+        "norms": (2 * L + 1) * _norm_params(cfg),
+        "head": 0 if cfg.tie_embeddings else v * d,
+    }
+
+
+def matmul_params_active(cfg: ModelConfig) -> int:
+    """Active matmul weights per token, including the output head, excluding embedding lookups, biases, norms."""
+    L, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
+    aw, _ = attention_params(cfg)
+    mw, _ = mlp_params(cfg)
+    per_layer = aw + (cfg.top_k * mw + d * cfg.n_experts if cfg.is_moe else mw)
+    return L * per_layer + v * d
+
+
+def activation_elements_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, float]:
+    """Elements saved for the backward pass per token: per layer (no remat), per layer with per-layer remat."""
+    s = seq_len or cfg.seq_len
+    d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    attn = d + n * h + 2 * k * h + n * s + n * h  # x_in, q, k, v, softmax probs (n*s per token), attention out
+    ff = f * (cfg.top_k if cfg.is_moe else 1)
+    mlp = d + (2 * ff if cfg.mlp == "gelu" else 3 * ff)  # x_in, pre/post activation (swiglu: gate, up, product)
+    norms = 2 * d
+    return {"per_layer": attn + mlp + norms, "per_layer_remat": d, "logits_float32": cfg.vocab_size}
+
+
+def analytics(cfg: ModelConfig, seq_len: int | None = None) -> dict:
+    """Every analytic number the workbench quotes for a model config (see the module docstring for conventions)."""
+    s = seq_len or cfg.seq_len
+    g = param_groups(cfg)
+    total = sum(g.values())
+    L, n, h = cfg.n_layers, cfg.n_heads, cfg.head_dim
+    mw, mb = mlp_params(cfg)
+    inactive = L * (cfg.n_experts - cfg.top_k) * (mw + mb) if cfg.is_moe else 0
+    n_matmul = matmul_params_active(cfg)
+    attn_train = 12 * L * n * h * s
+    kv_elems = 2 * L * cfg.n_kv_heads * h
+    act = activation_elements_per_token(cfg, s)
+    act_bytes = {}
+    for dt in ("float32", "bfloat16"):
+        b = DTYPE_BYTES[dt]
+        full = L * act["per_layer"] * b + 4 * act["logits_float32"]
+        remat = L * act["per_layer_remat"] * b + act["per_layer"] * b + 4 * act["logits_float32"]
+        act_bytes[dt] = {"no_remat": full, "per_layer_remat": remat}
+    return {
+        "params_total": total,
+        "params_embedding": g["embedding"] + g["position"],
+        "params_non_embedding": total - g["embedding"] - g["position"],
+        "params_active": total - inactive,
+        "params_by_group": g,
+        "matmul_params_active": n_matmul,
+        "seq_len": s,
+        "train_flops_per_token": 6 * n_matmul + attn_train,
+        "train_flops_per_token_causal": 6 * n_matmul + attn_train // 2,
+        "forward_flops_per_token": 2 * n_matmul + attn_train // 3,
+        "forward_flops_per_token_causal": 2 * n_matmul + attn_train // 6,
+        "kv_cache_bytes_per_token": {dt: kv_elems * DTYPE_BYTES[dt] for dt in ("float32", "bfloat16", "int8")},
+        "train_memory_bytes_per_param": 16,
+        "train_memory_params_bytes": 16 * total,
+        "activation_bytes_per_token": act_bytes,
+        "conventions": "train_flops = 6*N_matmul(active, incl. head, excl. embedding lookup) + 12*L*n_heads*head_dim*"
+                       "seq (Megatron/PaLM, full attention); causal halves the attention term; memory: 16 B/param "
+                       "(fp32 weights, grads, AdamW m, v) + activations per token (Korthikanti et al. 2022, no dropout)",
+    }
+
+
+def train_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int | None = None,
+                       compute_dtype: str = "float32") -> float:
+    """Whole-model training memory estimate (bytes, unpartitioned): states + activations for one batch."""
+    a = analytics(cfg, seq_len)
+    key = "per_layer_remat" if cfg.remat == "per-layer" else "no_remat"
+    return a["train_memory_params_bytes"] + batch_size * a["seq_len"] * a["activation_bytes_per_token"][compute_dtype][key]

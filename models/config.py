@@ -1,0 +1,158 @@
+"""Model configuration: one frozen dataclass, validated on construction, precision-free.
+
+Precision (compute dtype, fp8 scaling, ...) comes from the policy in models/precision.py, never from the config.
+Presets live in models/presets.py; analytic counts (params, FLOPs, memory) in models/analytics.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from workbench.errors import WorkbenchError
+
+MLPS = ("gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+ROUTERS = ("token-choice", "expert-choice")
+ROUTER_SCORES = ("softmax", "sigmoid")
+REMATS = ("none", "per-layer")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer (GPT-2/3, LLaMA, Mixtral styles).
+
+    Shapes use the letters of the variable names in models/: b batch, t/s sequence, d d_model, n n_heads,
+    k n_kv_heads, h head_dim, f d_ff, v vocab_size, e n_experts.
+    """
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: = n_heads (multi-head); fewer: grouped-query attention
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int = 256
+    vocab_size: int = 256
+    seq_len: int = 64
+    mlp: str = "gelu"  # 'gelu' (2 matrices) | 'swiglu' (3 matrices)
+    norm: str = "layernorm"  # 'layernorm' (scale + bias) | 'rmsnorm' (scale)
+    pos: str = "learned"  # 'learned' absolute positions | 'rope'
+    rope_theta: float = 10000.0
+    bias: bool = True  # biases on every dense layer (GPT-2 style)
+    tie_embeddings: bool = True  # output head = embedding table transposed
+    norm_eps: float = 1e-5
+    # mixture of experts (models/moe.py): n_experts=0 means a dense MLP
+    n_experts: int = 0
+    top_k: int = 2
+    capacity_factor: float | None = None  # None: dropless
+    router: str = "token-choice"
+    router_score: str = "softmax"
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.0
+    # memory
+    remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass)
+
+    def __post_init__(self):
+        # resolve the derived defaults first (frozen: object.__setattr__)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim is None:
+            if self.n_heads and self.d_model % max(self.n_heads, 1):
+                raise WorkbenchError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                                     "set head_dim explicitly or change n_heads")
+            object.__setattr__(self, "head_dim", self.d_model // max(self.n_heads, 1))
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise WorkbenchError(f"model config {name} must be a positive whole number, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise WorkbenchError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
+                                 "(grouped-query attention shares each kv head among n_heads/n_kv_heads heads)")
+        for name, allowed in (("mlp", MLPS), ("norm", NORMS), ("pos", POSITIONS), ("router", ROUTERS),
+                              ("router_score", ROUTER_SCORES), ("remat", REMATS)):
+            if getattr(self, name) not in allowed:
+                raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise WorkbenchError(f"pos='rope' needs an even head_dim, got {self.head_dim}")
+        if not isinstance(self.n_experts, int) or self.n_experts < 0 or self.n_experts == 1:
+            raise WorkbenchError(f"n_experts must be 0 (dense) or >= 2, got {self.n_experts!r}")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise WorkbenchError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise WorkbenchError(f"capacity_factor must be > 0 or None (dropless), got {self.capacity_factor!r}")
+        for name in ("aux_loss_coef", "z_loss_coef", "norm_eps"):
+            if not getattr(self, name) >= 0:
+                raise WorkbenchError(f"model config {name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.rope_theta > 0:
+            raise WorkbenchError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def q_heads_per_kv(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        """A new validated config with some fields changed (unknown keys: one-line error)."""
+        return dataclasses.replace(self, **_check_keys(overrides))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+
+
+def _check_keys(overrides: dict) -> dict:
+    unknown = [k for k in overrides if k not in FIELDS]
+    if unknown:
+        raise WorkbenchError(f"unknown model config key {unknown[0]!r}; valid keys: {', '.join(FIELDS)}")
+    return overrides
+
+
+def _parse_value(key: str, text: str):
+    """Parse one `k=v` value with the type the field expects."""
+    f = FIELDS[key]
+    t = str(f.type)
+    s = text.strip()
+    if s.lower() in ("none", "null") and "None" in t:
+        return None
+    if t.startswith("bool"):
+        if s.lower() in ("1", "true", "yes", "on"):
+            return True
+        if s.lower() in ("0", "false", "no", "off"):
+            return False
+        raise WorkbenchError(f"model config {key} must be true or false, got {text!r}")
+    if t.startswith("int"):
+        try:
+            return int(s)
+        except ValueError:
+            raise WorkbenchError(f"model config {key} must be a whole number, got {text!r}") from None
+    if t.startswith("float"):
+        try:
+            return float(s)
+        except ValueError:
+            raise WorkbenchError(f"model config {key} must be a number, got {text!r}") from None
+    return s
+
+
+def parse_overrides(overrides: dict | str | None) -> dict:
+    """'k=v,k=v' (CLI --set) or a dict -> dict of typed values; unknown keys and bad values are one-line errors."""
+    if overrides is None or overrides == "":
+        return {}
+    if isinstance(overrides, dict):
+        return _check_keys(dict(overrides))
+    out = {}
+    for item in str(overrides).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise WorkbenchError(f"override {item!r} is not of the form key=value (e.g. --set n_layers=4,d_model=128)")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        _check_keys({k: None})
+        out[k] = _parse_value(k, v)
+    return out

@@ -1,0 +1,204 @@
+"""Transformer building blocks (Flax NNX). Every matmul goes through the precision policy's einsum module.
+
+Variables are named after their dimensions and carry logical axis names (nnx `out_sharding` metadata) that
+partitioning/ maps to mesh axes. Letters: b batch, t query positions, s key positions, d d_model, n heads,
+k kv heads, g query heads per kv head, h head_dim, f d_ff, v vocab.
+Norms, softmax and RoPE run in float32 whatever the policy; the residual stream is float32.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from partitioning.shard import constrain
+
+
+def param(rngs: nnx.Rngs | None, init, shape: tuple[int, ...], axes: tuple, dtype=jnp.float32) -> nnx.Param:
+    """A float32 parameter carrying logical axis names. Eager sharding is off: partitioning/ places it later."""
+    key = rngs.params() if rngs is not None else jax.random.key(0)
+    with nnx.use_eager_sharding(False):
+        return nnx.Param(init(key, shape, dtype), out_sharding=tuple(axes))
+
+
+def normal(std: float):
+    return nnx.initializers.normal(stddev=std)
+
+
+zeros = nnx.initializers.zeros_init()
+ones = nnx.initializers.ones_init()
+
+
+class Norm(nnx.Module):
+    """LayerNorm (scale and bias) or RMSNorm (scale), computed in float32."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.kind, self.eps = cfg.norm, cfg.norm_eps
+        self.scale_d = param(rngs, ones, (cfg.d_model,), ("embed",))
+        if cfg.norm == "layernorm":
+            self.bias_d = param(rngs, zeros, (cfg.d_model,), ("embed",))
+
+    def __call__(self, x_btd):
+        x = x_btd.astype(jnp.float32)
+        if self.kind == "layernorm":
+            mean = jnp.mean(x, axis=-1, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+            y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale_d[...] + self.bias_d[...]
+        else:
+            ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+            y = x * jax.lax.rsqrt(ms + self.eps) * self.scale_d[...]
+        return y
+
+
+def rope(x_btnh, positions_bt, theta: float):
+    """Rotary position embedding (Su et al. 2021), half-split layout as in LLaMA's HF port; float32 math."""
+    h = x_btnh.shape[-1]
+    freq_j = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # (h/2,)
+    angle_btj = positions_bt.astype(jnp.float32)[..., None] * freq_j  # (b, t, h/2)
+    cos, sin = jnp.cos(angle_btj)[:, :, None, :], jnp.sin(angle_btj)[:, :, None, :]  # (b, t, 1, h/2)
+    x = x_btnh.astype(jnp.float32)
+    x1, x2 = x[..., : h // 2], x[..., h // 2:]
+    y = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return y.astype(x_btnh.dtype)
+
+
+class Attention(nnx.Module):
+    """Multi-head / grouped-query causal self-attention with an optional KV cache (models/inference.py)."""
+
+    def __init__(self, cfg: ModelConfig, policy, rngs: nnx.Rngs):
+        d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.n_layers)  # GPT-2: residual projections scaled by 1/sqrt(2L)
+        self.w_dnh = param(rngs, normal(std), (d, n, h), ("embed", "heads", "head_dim"))  # query
+        self.w_dkh_k = param(rngs, normal(std), (d, k, h), ("embed", "kv_heads", "head_dim"))  # key
+        self.w_dkh_v = param(rngs, normal(std), (d, k, h), ("embed", "kv_heads", "head_dim"))  # value
+        self.w_nhd = param(rngs, normal(out_std), (n, h, d), ("heads", "head_dim", "embed"))  # output
+        if cfg.bias:
+            self.b_nh = param(rngs, zeros, (n, h), ("heads", "head_dim"))
+            self.b_kh_k = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))
+            self.b_kh_v = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))
+            self.b_d = param(rngs, zeros, (d,), ("embed",))
+        self.q_dot = policy.einsum_module(rngs=rngs)
+        self.k_dot = policy.einsum_module(rngs=rngs)
+        self.v_dot = policy.einsum_module(rngs=rngs)
+        self.o_dot = policy.einsum_module(rngs=rngs)
+        self.score_dot = policy.einsum_module(rngs=rngs)
+        self.mix_dot = policy.einsum_module(rngs=rngs)
+
+    def project_qkv(self, x_btd, positions_bt):
+        cfg = self.cfg
+        q_btnh = self.q_dot("btd,dnh->btnh", x_btd, self.w_dnh[...])
+        k_btkh = self.k_dot("btd,dkh->btkh", x_btd, self.w_dkh_k[...])
+        v_btkh = self.v_dot("btd,dkh->btkh", x_btd, self.w_dkh_v[...])
+        if cfg.bias:
+            q_btnh = q_btnh + self.b_nh[...].astype(q_btnh.dtype)
+            k_btkh = k_btkh + self.b_kh_k[...].astype(k_btkh.dtype)
+            v_btkh = v_btkh + self.b_kh_v[...].astype(v_btkh.dtype)
+        if cfg.pos == "rope":
+            q_btnh = rope(q_btnh, positions_bt, cfg.rope_theta)
+            k_btkh = rope(k_btkh, positions_bt, cfg.rope_theta)
+        q_btnh = constrain(q_btnh, ("batch", "seq", "heads", "head_dim"), "query")
+        k_btkh = constrain(k_btkh, ("batch", "seq", "kv_heads", "head_dim"), "key")
+        v_btkh = constrain(v_btkh, ("batch", "seq", "kv_heads", "head_dim"), "value")
+        return q_btnh, k_btkh, v_btkh
+
+    def attend(self, q_btnh, k_bskh, v_bskh, mask_bts):
+        """Softmax(q k^T / sqrt(h)) v over the key positions allowed by mask_bts (True = attend)."""
+        cfg = self.cfg
+        b, t, n, h = q_btnh.shape
+        k, g = cfg.n_kv_heads, cfg.q_heads_per_kv
+        q_btkgh = (q_btnh * (1.0 / math.sqrt(h))).astype(q_btnh.dtype).reshape(b, t, k, g, h)
+        s_bkgts = self.score_dot("btkgh,bskh->bkgts", q_btkgh, k_bskh).astype(jnp.float32)
+        s_bkgts = jnp.where(mask_bts[:, None, None, :, :], s_bkgts, jnp.finfo(jnp.float32).min)
+        p_bkgts = jax.nn.softmax(s_bkgts, axis=-1)
+        o_btkgh = self.mix_dot("bkgts,bskh->btkgh", p_bkgts, v_bskh)
+        return o_btkgh.reshape(b, t, n, h)
+
+    def out(self, o_btnh):
+        y_btd = self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...])
+        if self.cfg.bias:
+            y_btd = y_btd + self.b_d[...].astype(y_btd.dtype)
+        return y_btd
+
+    def __call__(self, x_btd, positions_bt):
+        q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
+        t = x_btd.shape[1]
+        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
+        o_btnh = self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None])
+        return self.out(o_btnh)
+
+
+class MLP(nnx.Module):
+    """GELU (tanh approximation, GPT-2) or SwiGLU (Shazeer 2020, LLaMA) feed-forward block.
+
+    With bias=True the up projection and the output carry biases (b_f, b_d); the SwiGLU gate has none (as in
+    models/moe.py's experts, so dense and expert MLPs count the same).
+    """
+
+    def __init__(self, cfg: ModelConfig, policy, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.d_ff
+        self.kind, self.bias = cfg.mlp, cfg.bias
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.n_layers)
+        self.w_df = param(rngs, normal(std), (d, f), ("embed", "mlp"))  # up (GELU) / up (SwiGLU)
+        if cfg.mlp == "swiglu":
+            self.w_df_gate = param(rngs, normal(std), (d, f), ("embed", "mlp"))
+        self.w_fd = param(rngs, normal(out_std), (f, d), ("mlp", "embed"))  # down
+        if cfg.bias:
+            self.b_f = param(rngs, zeros, (f,), ("mlp",))
+            self.b_d = param(rngs, zeros, (d,), ("embed",))
+        self.up_dot = policy.einsum_module(rngs=rngs)
+        if cfg.mlp == "swiglu":
+            self.gate_dot = policy.einsum_module(rngs=rngs)
+        self.down_dot = policy.einsum_module(rngs=rngs)
+
+    def __call__(self, x_btd):
+        u_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...])
+        if self.bias:
+            u_btf = u_btf + self.b_f[...].astype(u_btf.dtype)
+        if self.kind == "gelu":
+            a_btf = jax.nn.gelu(u_btf, approximate=True)
+        else:
+            g_btf = self.gate_dot("btd,df->btf", x_btd, self.w_df_gate[...])
+            a_btf = jax.nn.silu(g_btf) * u_btf
+        a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
+        y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...])
+        if self.bias:
+            y_btd = y_btd + self.b_d[...].astype(y_btd.dtype)
+        return y_btd, {}
+
+
+def make_mlp(cfg: ModelConfig, policy, rngs: nnx.Rngs):
+    """Dense MLP, or the MoE engineer's models.moe.MoEBlock when cfg.n_experts > 0. Both return (y_btd, aux)."""
+    if cfg.is_moe:
+        try:
+            from models.moe import MoEBlock
+        except ModuleNotFoundError as e:
+            if e.name != "models.moe":
+                raise
+            from workbench.errors import WorkbenchError
+
+            raise WorkbenchError("mixture-of-experts configs need models/moe.py (MoEBlock), not present in this "
+                                 "checkout; set n_experts=0 for a dense model") from None
+        return MoEBlock(cfg, policy, rngs=rngs)
+    return MLP(cfg, policy, rngs)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, policy, rngs: nnx.Rngs):
+        self.norm_attn = Norm(cfg, rngs)
+        self.attn = Attention(cfg, policy, rngs)
+        self.norm_mlp = Norm(cfg, rngs)
+        self.mlp = make_mlp(cfg, policy, rngs)
+
+    def __call__(self, x_btd, positions_bt):
+        x_btd = x_btd + self.attn(self.norm_attn(x_btd), positions_bt).astype(jnp.float32)
+        x_btd = constrain(x_btd, ("batch", "seq", "embed"), "residual")
+        y_btd, aux = self.mlp(self.norm_mlp(x_btd))
+        x_btd = x_btd + y_btd.astype(jnp.float32)
+        x_btd = constrain(x_btd, ("batch", "seq", "embed"), "residual")
+        return x_btd, aux

@@ -1,0 +1,56 @@
+"""Named model sizes, each citing the table it comes from. `get_config(preset, overrides)` -> ModelConfig."""
+from __future__ import annotations
+
+from models.config import ModelConfig, parse_overrides
+from workbench.errors import WorkbenchError
+
+_GPT = dict(mlp="gelu", norm="layernorm", pos="learned", bias=True, tie_embeddings=True)
+_LLAMA = dict(mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, tie_embeddings=False)
+
+# name -> (fields, source)
+PRESETS: dict[str, tuple[dict, str]] = {
+    "tiny": (dict(n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=256, seq_len=64, **_GPT),
+             "workbench test model: byte-level vocabulary, compiles in seconds"),
+    "small": (dict(n_layers=4, d_model=512, n_heads=8, d_ff=2048, vocab_size=256, seq_len=256, **_GPT),
+              "workbench demo model: ~12.9M parameters, byte-level GPT-2 style; trains on a CPU host"),
+    "gpt2-small": (dict(n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab_size=50257, seq_len=1024, **_GPT),
+                   "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2 "
+                   "(117M row; 124M with the released vocabulary); Hugging Face gpt2 config.json"),
+    "gpt3-175b": (dict(n_layers=96, d_model=12288, n_heads=96, head_dim=128, d_ff=49152, vocab_size=50257,
+                       seq_len=2048, **_GPT),
+                  "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 (GPT-3 175B)"),
+    "llama2-7b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008, vocab_size=32000,
+                       seq_len=4096, norm_eps=1e-5, **_LLAMA),
+                  "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json"),
+    "llama3-8b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=128256,
+                       seq_len=8192, rope_theta=500000.0, **_LLAMA),
+                  "Llama Team 2024, 'The Llama 3 Herd of Models', Table 3; meta-llama/Meta-Llama-3-8B config.json"),
+    "llama3-70b": (dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672, vocab_size=128256,
+                        seq_len=8192, rope_theta=500000.0, **_LLAMA),
+                   "Llama Team 2024, 'The Llama 3 Herd of Models', Table 3; meta-llama/Meta-Llama-3-70B config.json"),
+    "mixtral-8x7b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
+                          seq_len=32768, rope_theta=1e6, n_experts=8, top_k=2, **_LLAMA),
+                     "Jiang et al. 2024, 'Mixtral of Experts', Table 1; mistralai/Mixtral-8x7B-v0.1 config.json"),
+}
+
+
+def names() -> list[str]:
+    return list(PRESETS)
+
+
+def source(preset: str) -> str:
+    _check(preset)
+    return PRESETS[preset][1]
+
+
+def _check(preset: str):
+    if preset not in PRESETS:
+        raise WorkbenchError(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+
+
+def get_config(preset: str, overrides: dict | str | None = None) -> ModelConfig:
+    """The preset's config with `overrides` ('k=v,k=v' or a dict) applied and validated."""
+    _check(preset)
+    fields = dict(PRESETS[preset][0])
+    fields.update(parse_overrides(overrides))
+    return ModelConfig(**fields)

@@ -1,0 +1,86 @@
+"""Decoder-only transformer (GPT-2/3, LLaMA, Mixtral styles from one config). Flax NNX.
+
+    model = Transformer(cfg, policy, rngs=nnx.Rngs(0))
+    logits_btv, aux = model(tokens_bt)     # logits in the policy's compute dtype; aux: float32 scalars
+
+aux is empty for dense models; with experts it holds 'loss' (the weighted auxiliary losses summed over layers, to add
+to the training loss) and the MoE block's metrics averaged over layers.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from models.layers import Block, Norm, normal, param
+from partitioning.shard import constrain
+
+
+def combine_aux(auxes: list[dict]) -> dict:
+    """Sum 'loss' over layers, average every other metric."""
+    out: dict = {}
+    if not auxes or not any(auxes):
+        return out
+    keys = sorted({k for a in auxes for k in a})
+    for key in keys:
+        vals = [jnp.asarray(a[key], jnp.float32) for a in auxes if key in a]
+        out[key] = sum(vals) if key == "loss" else sum(vals) / len(vals)
+    return out
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, policy=None, rngs: nnx.Rngs | None = None):
+        from models.precision import get_policy
+
+        policy = get_policy("float32") if policy is None else get_policy(policy)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.cfg, self.policy_name = cfg, policy.name
+        d, v = cfg.d_model, cfg.vocab_size
+        self.w_vd = param(rngs, normal(0.02), (v, d), ("vocab", "embed"))  # token embedding (and tied head)
+        if cfg.pos == "learned":
+            self.w_sd = param(rngs, normal(0.01), (cfg.seq_len, d), (None, "embed"))  # learned positions
+        self.blocks = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
+        self.norm_f = Norm(cfg, rngs)
+        if not cfg.tie_embeddings:
+            self.w_dv = param(rngs, normal(0.02), (d, v), ("embed", "vocab"))  # output head
+        self.head_dot = policy.einsum_module(rngs=rngs)
+
+    def embed(self, tokens_bt, positions_bt):
+        x_btd = jnp.take(self.w_vd[...], tokens_bt, axis=0)  # float32 residual stream
+        if self.cfg.pos == "learned":
+            x_btd = x_btd + jnp.take(self.w_sd[...], positions_bt, axis=0)
+        return constrain(x_btd, ("batch", "seq", "embed"), "embedding output")
+
+    def head(self, x_btd):
+        x_btd = self.norm_f(x_btd)
+        if self.cfg.tie_embeddings:
+            logits_btv = self.head_dot("btd,vd->btv", x_btd, self.w_vd[...])
+        else:
+            logits_btv = self.head_dot("btd,dv->btv", x_btd, self.w_dv[...])
+        return constrain(logits_btv, ("batch", "seq", "vocab"), "logits")
+
+    def __call__(self, tokens_bt, positions_bt=None):
+        b, t = tokens_bt.shape
+        if positions_bt is None:
+            positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        x_btd = self.embed(tokens_bt, positions_bt)
+        call = _remat_block if self.cfg.remat == "per-layer" else _block
+        auxes = []
+        for block in self.blocks:
+            x_btd, aux = call(block, x_btd, positions_bt)
+            auxes.append(aux)
+        return self.head(x_btd), combine_aux(auxes)
+
+
+def _block(block, x_btd, positions_bt):
+    return block(x_btd, positions_bt)
+
+
+_remat_block = nnx.remat(_block)
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of parameter scalars in an (abstract or concrete) model."""
+    state = nnx.state(model, nnx.Param)
+    return sum(int(x.size) for x in jax.tree.leaves(state))

@@ -1,0 +1,138 @@
+"""Applying a rule table to NNX state and to activations.
+
+- `spec_for(axes, shape, mesh, rules, what)`: logical axes of one array -> PartitionSpec (divisibility checked;
+  errors name the parameter and the mesh axis).
+- `state_shardings(state, mesh, rules)`: an nnx.State (abstract or concrete) -> the same tree of NamedShardings,
+  read from each Variable's `out_sharding` metadata (its logical axis names).
+- `activation_sharding(mesh, rules)`: context under which `constrain(x, axes)` in model code becomes a sharding
+  constraint (outside it, `constrain` is the identity, so the models run unpartitioned too).
+- `sharding_table(state, mesh, rules)`: parameter path -> (PartitionSpec, shard shape), for golden snapshots.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from partitioning.rules import Rules, get_rules
+from workbench.errors import WorkbenchError
+
+
+def spec_for(axes, shape, mesh, rules: Rules, what: str = "array") -> PartitionSpec:
+    """PartitionSpec for an array of `shape` whose dims carry logical `axes` (None = never sharded)."""
+    rules = get_rules(rules)
+    axes = tuple(axes) if axes is not None else ()
+    if axes and len(axes) != len(shape):
+        raise WorkbenchError(f"{what}: {len(axes)} logical axes {axes} for a rank-{len(shape)} array {tuple(shape)}")
+    used: set[str] = set()
+    out = []
+    for dim, (logical, size) in enumerate(zip(axes, shape)):
+        mesh_axes = tuple(a for a in rules.mesh_axes_for(logical) if a in mesh.shape and a not in used)
+        if not mesh_axes:
+            out.append(None)
+            continue
+        n = math.prod(mesh.shape[a] for a in mesh_axes)
+        if size % n:
+            raise WorkbenchError(
+                f"{what}: dimension {dim} ({logical}={size}) is not divisible by mesh axis "
+                f"{'*'.join(mesh_axes)}={n} under strategy {rules.name!r}; change the mesh, the strategy or the size")
+        used.update(mesh_axes)
+        out.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
+
+
+def _is_var(x) -> bool:
+    from flax import nnx
+
+    return isinstance(x, nnx.Variable)
+
+
+def logical_axes(var) -> tuple | None:
+    """The logical axis names a Variable was created with (nnx `out_sharding` metadata), or None."""
+    md = var.get_metadata() if hasattr(var, "get_metadata") else {}
+    return md.get("out_sharding")
+
+
+def path_str(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def state_specs(state, mesh, rules) -> Any:
+    """The state's tree (Variables kept) with each value replaced by its PartitionSpec."""
+    rules = get_rules(rules)
+
+    def one(path, v):
+        if _is_var(v):
+            axes = logical_axes(v)
+            shape = getattr(v.get_value() if hasattr(v, "get_value") else v.value, "shape", ())
+            if axes is None:
+                return v.replace(PartitionSpec())
+            return v.replace(spec_for(axes, shape, mesh, rules, what=f"parameter {path_str(path)}"))
+        return PartitionSpec()
+
+    return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_var)
+
+
+def state_shardings(state, mesh, rules) -> Any:
+    """Same tree as `state` with a NamedSharding per array (for jit in/out_shardings and device_put)."""
+    specs = state_specs(state, mesh, rules)
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def sharding_table(state, mesh, rules) -> dict[str, dict]:
+    """{path: {'spec': str(PartitionSpec), 'shape': global shape, 'shard_shape': per-device shape}} for a state."""
+    specs = state_specs(state, mesh, rules)
+    flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+    flat_vals = jax.tree_util.tree_flatten_with_path(state)[0]
+    out = {}
+    for (path, spec), (_, val) in zip(flat_specs, flat_vals):
+        shape = tuple(val.shape)
+        shard = NamedSharding(mesh, spec).shard_shape(shape)
+        out[path_str(path).removesuffix("/value")] = {
+            "spec": str(tuple(spec)), "shape": list(shape), "shard_shape": list(shard)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- activations
+
+_active = threading.local()
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh, rules):
+    """While active (at trace time), `constrain(x, axes)` pins activations to the rule table's sharding."""
+    prev = getattr(_active, "ctx", None)
+    _active.ctx = (mesh, get_rules(rules))
+    try:
+        yield
+    finally:
+        _active.ctx = prev
+
+
+def current():
+    """(mesh, rules) of the active activation_sharding context, or None."""
+    return getattr(_active, "ctx", None)
+
+
+def constrain(x, axes, what: str = "activation"):
+    """Sharding constraint from logical axes when a context is active; the identity otherwise."""
+    ctx = current()
+    if ctx is None:
+        return x
+    mesh, rules = ctx
+    spec = spec_for(axes, x.shape, mesh, rules, what=f"{what} {tuple(axes)}")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
