@@ -177,8 +177,12 @@ def mx_dequantize(q, scales, block_size: int = 32):
 
 def mx_qdq(x, axes: tuple[int, ...], fmt: Format, block_size: int, *, allow_pad: bool, what: str = "operand"):
     """Block-quantize then dequantize `x` along `axes` (flattened in that order into one contracting dimension K,
-    blocks of `block_size` along K). Returns float32 with x's shape. Zero padding completes a ragged last block when
-    `allow_pad` (backward GEMMs); otherwise a K not divisible by the block size is an error."""
+    blocks of `block_size` along K). Returns float32 with x's shape.
+
+    Zero padding completes a ragged last block (zeros change no block's amax, so this equals a shorter last block, as
+    the microxcaling reference library does). Forward GEMMs allow it only when K is smaller than one block (e.g. a
+    head_dim of 16: one short block); a K above the block size that it does not divide is an error unless `allow_pad`
+    (backward GEMMs, whose K is batch x sequence)."""
     fmt = get_format(fmt)
     axes = tuple(axes)
     others = [i for i in range(x.ndim) if i not in axes]
@@ -189,7 +193,7 @@ def mx_qdq(x, axes: tuple[int, ...], fmt: Format, block_size: int, *, allow_pad:
     xt = xt.reshape(lead + (k,))
     pad = (-k) % block_size
     if pad:
-        if not allow_pad:
+        if not allow_pad and k > block_size:
             raise WorkbenchError(
                 f"MX block size {block_size} does not divide the contracting dimension {k} of the {what}; "
                 f"use sizes that are multiples of {block_size} (or pass block_size= to the policy)")
