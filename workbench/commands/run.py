@@ -1,0 +1,80 @@
+"""`workbench run --preset P --strategy S --mesh SPEC [--devices N] --steps K [--precision P] [--batch B] [--json]`.
+
+Trains on the stdlib corpus and records losses, validation loss, step time, tokens/s, MFU, the CostReport, the
+prediction, the replication factor and the collectives by kind and mesh axis in the results store.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
+                "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
+                "collectives", "params_total", "compile_s", "hardware")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        preset: str = typer.Option(..., "--preset", help="model preset (see `workbench model-info`)"),
+        strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep"),
+        mesh: Optional[str] = typer.Option(None, "--mesh", help="mesh spec, e.g. data=2,model=4 (default: data=N)"),
+        devices: Optional[int] = typer.Option(None, "--devices", help="simulate N CPU devices (set before JAX starts)"),
+        steps: int = typer.Option(20, "--steps", help="training steps"),
+        precision: Optional[str] = typer.Option(None, "--precision",
+                                                help="float32 | bf16 | ... (default: float32 on CPU, bf16 on "
+                                                     "accelerators)"),
+        batch: int = typer.Option(8, "--batch", help="global batch size (sequences)"),
+        seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (default: the model's seq_len)"),
+        microbatches: int = typer.Option(1, "--microbatches", help="gradient-accumulation microbatches"),
+        overrides: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
+        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default by model size)"),
+        seed: int = typer.Option(0, "--seed"),
+        eval_every: Optional[int] = typer.Option(None, "--eval-every", help="validation interval (default steps/4)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        full: bool = typer.Option(False, "--full", help="with --json: print the whole record, not the summary"),
+    ):
+        """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
+        from workbench.devices import request_devices
+        from workbench.errors import positive_int
+
+        steps = positive_int("--steps", steps)
+        batch = positive_int("--batch", batch)
+        microbatches = positive_int("--microbatches", microbatches)
+        n = request_devices(devices)  # before anything touches jax devices
+
+        from models.presets import get_config
+        from partitioning.mesh import make_mesh
+        from workbench.commands._common import emit_json, print_table
+        from workbench.results import Store, make_record
+        from workbench.train import train_model
+
+        cfg = get_config(preset, overrides)
+        m = make_mesh(mesh or f"data={n}")
+        r = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
+                        seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
+                        progress=True)
+        spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
+                "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
+                "microbatches": microbatches, "precision": r["precision"], "seed": seed}
+        extra = {k: v for k, v in r.items() if k not in ("cost", "prediction", "measurement")}
+        rec = make_record("train", spec, r["cost"], r["prediction"], r["measurement"], extra=extra, seed=seed)
+        Store().append(rec)
+        summary = {k: r[k] for k in SUMMARY_KEYS}
+        summary.update(preset=preset, record_id=rec["id"],
+                       predicted_step_s=(r["prediction"] or {}).get("predicted_s"),
+                       bound=(r["prediction"] or {}).get("bound"),
+                       flops_per_device=r["cost"]["flops"], bytes_per_device=r["cost"]["bytes_accessed"],
+                       peak_memory_per_device=r["cost"]["memory"]["peak_bytes"])
+        if json_out:
+            emit_json(rec if full else summary)
+            return
+        losses = r["losses"]
+        print(f"{preset} {r['strategy']} on {m.shape} ({r['precision']}, {r['precision_reason']})")
+        print_table([{"first loss": losses[0], "last loss": losses[-1], "val loss": r["val_loss"],
+                      "unigram": r["unigram_baseline_val"], "step_s": r["step_s"], "tokens/s": r["tokens_per_s"],
+                      "MFU": r["mfu"], "predicted_s": summary["predicted_step_s"], "replication": r["replication"]}])
+        print_table([{"collective": k, "count": v["count"], "bytes/device": v["bytes"]}
+                     for k, v in r["collectives"].items()], title="collectives per step (per device)")
+        print(f"record {rec['id']} appended to the results store")
