@@ -15,6 +15,10 @@ import math
 from collections import defaultdict
 from typing import Any
 
+# glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
+# 4·1024·1024·sizeof(long) = 32 MiB on 64-bit), so such buffers are page-faulted in on every call
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+
 from workbench.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
 
 
@@ -46,6 +50,7 @@ class CostReport:
     kernels: tuple[KernelCost, ...] = ()  # per device: fusions and unfused ops of the optimized HLO
     collectives: tuple[CollectiveOp, ...] = ()  # per device
     analytic: AnalyticCount | None = None  # global count of the unoptimized program
+    large_output_bytes: float = 0.0  # per device: output arrays above glibc's mmap threshold, not aliased
     n_devices: int = 1
     compute_dtype: str = "float32"
     platform: str = "cpu"
@@ -119,6 +124,7 @@ class CostReport:
             argument_bytes=max(self.argument_bytes, o.argument_bytes), output_bytes=max(self.output_bytes, o.output_bytes),
             temp_bytes=max(self.temp_bytes, o.temp_bytes), alias_bytes=max(self.alias_bytes, o.alias_bytes),
             generated_code_bytes=self.generated_code_bytes + o.generated_code_bytes,
+            large_output_bytes=self.large_output_bytes + o.large_output_bytes,
             kernels=self.kernels + o.kernels, collectives=self.collectives + o.collectives, analytic=an,
             n_devices=self.n_devices, compute_dtype=self.compute_dtype, platform=self.platform,
             notes=tuple(dict.fromkeys(self.notes + o.notes)))
@@ -141,7 +147,8 @@ class CostReport:
             "intensity": self.intensity if math.isfinite(self.intensity) else None,
             "memory": {"argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
                        "temp_bytes": self.temp_bytes, "alias_bytes": self.alias_bytes,
-                       "peak_bytes": self.peak_memory_bytes, "generated_code_bytes": self.generated_code_bytes},
+                       "peak_bytes": self.peak_memory_bytes, "generated_code_bytes": self.generated_code_bytes,
+                       "large_output_bytes": self.large_output_bytes},
             "analytic": dataclasses.asdict(self.analytic) if self.analytic else None,
             "n_kernels": len(self.kernels),
             "kernels": [dict(dataclasses.asdict(k), intensity=k.intensity) for k in ks],
@@ -210,6 +217,10 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
     mod = parse_module(text)
     kernels = tuple(parse_kernels(text, mod))
     colls = tuple(parse_collectives(text, mesh=mesh, n_devices=n_devices, mod=mod))
+    # outputs the runtime allocates afresh on every call (host: page-faulted when above the mmap threshold)
+    root = next((i for i in reversed(mod.computations.get(mod.entry, [])) if i.is_root), None)
+    large = sum(sh.bytes for sh in (root.shapes if root else []) if sh.bytes >= MMAP_THRESHOLD_BYTES)
+    large = max(0.0, large - mem.get("alias", 0.0))
     platform = "cpu"
     try:
         platform = next(iter(compiled.input_shardings[0])).mesh.devices.flat[0].platform  # type: ignore[union-attr]
@@ -222,6 +233,7 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                      argument_bytes=mem.get("argument", 0.0), output_bytes=mem.get("output", 0.0),
                      temp_bytes=mem.get("temp", 0.0), alias_bytes=mem.get("alias", 0.0),
                      generated_code_bytes=mem.get("generated_code", 0.0), kernels=kernels, collectives=colls,
+                     large_output_bytes=float(large),
                      analytic=analytic, n_devices=n_devices, compute_dtype=compute_dtype, platform=platform,
                      notes=tuple(notes))
     if rep.has_loops and rep.hlo_flops > 1.5 * rep.flops:

@@ -22,11 +22,12 @@ def check_fits_host(nbytes: float, what: str) -> None:
                              "available; use smaller sizes, or --target CHIP to predict without running")
 
 
-def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target: str | None = None,
+def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None,
                 run: bool = True, repeats: int = 10, warmup: int = 2, seed: int = 0, store=None,
-                extra: dict | None = None, compute_dtype: str | None = None) -> dict:
-    """Compile fn for abstract `args`; predict on `target` (default: the calibrated host); when the target is this
-    host and run=True, measure on random inputs; append the record to the store and return it."""
+                extra: dict | None = None, compute_dtype: str | None = None, also_predict=()) -> dict:
+    """Compile fn for abstract `args`; predict on `target` (a name or HardwareSpec; default: the calibrated host);
+    when run=True and the devices are local (the host, or a GPU/TPU host running this), measure on random inputs;
+    predictions for `also_predict` specs go into extra; append the record to the store and return it."""
     from workbench.compile import compile_program
     from workbench.hardware import get_spec
     from workbench.measure import measure, random_inputs
@@ -34,15 +35,20 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target: str
     from workbench.roofline import predict
 
     arg_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in args)
-    local = target is None or target == "host"
-    if local and run:
+    from workbench.hardware import HardwareSpec
+
+    local = target is None or target == "host" or isinstance(target, HardwareSpec)
+    if local and run and not isinstance(target, HardwareSpec):
         check_fits_host(arg_bytes, spec.get("op", "program"))
     comp = compile_program(fn, *args, compute_dtype=compute_dtype)
     cost = comp.cost
-    if local and run:
+    if local and run and not isinstance(target, HardwareSpec):
         check_fits_host(cost.peak_memory_bytes, spec.get("op", "program"))
-    hw = get_spec(target or "host")
+    hw = target if isinstance(target, HardwareSpec) else get_spec(target or "host")
     pred = predict(cost, hw)
+    extra = dict(extra or {})
+    for other in also_predict:
+        extra.setdefault("predictions", {})[other.name] = predict(cost, other).to_dict()
     meas = None
     if local and run:
         concrete = random_inputs(args, seed=seed)

@@ -66,6 +66,7 @@ class HardwareSpec:
     matrix_unit: tuple[int, ...] | None = None
     transcendentals_per_s: float | None = None  # special-function results/s per chip; None = unpublished
     physical_peak_flops: dict[str, float] | None = None  # host only: derived from CPU features
+    first_touch_bw: float | None = None  # host only: bytes/s of page-faulting fresh large output buffers
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None

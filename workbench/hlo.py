@@ -163,6 +163,9 @@ def _attr(attrs: str, key: str) -> str | None:
     if key == "replica_groups" and attrs.startswith("mesh[", i):
         mm = _MESH_GROUPS.match(attrs, i)
         return mm.group(0) if mm else None
+    if key == "replica_groups" and attrs.startswith("[", i):
+        mm = re.compile(r"\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?").match(attrs, i)
+        return mm.group(0) if mm else None
     if i < len(attrs) and attrs[i] in "{[(":
         return attrs[i:_match_paren(attrs, i)]
     m2 = re.match(r"[^,\s]+", attrs[i:])

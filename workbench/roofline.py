@@ -2,7 +2,7 @@
 
 Terms (seconds):
     compute_s       = flops / peak(dtype) + transcendentals / special-function rate (when the chip's rate is known)
-    memory_s        = bytes / memory bandwidth
+    memory_s        = bytes / memory bandwidth (+ on the host: fresh large outputs / first-touch rate, see calibrate)
     comm_s          = Σ collective_time(kind, payload, group, interconnect) (partitioning/collectives.py)
     kernel_s        = Σ over kernels of max(kernel compute, kernel memory): kernels run one after another, each
                       bounded by its own roof (a program of many small memory-bound fusions is not saved by one
@@ -101,6 +101,12 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
             notes.append(f"{spec.name}: special-function rate unpublished; transcendental term omitted")
     t_compute = flops / peak + t_trans
     t_mem = nbytes / bw
+    t_touch = 0.0
+    if spec.first_touch_bw and cost.large_output_bytes:
+        t_touch = cost.large_output_bytes * mult / spec.first_touch_bw
+        t_mem += t_touch
+        notes.append(f"host: {cost.large_output_bytes * mult / 2**20:.0f} MiB of fresh large outputs are page-faulted "
+                     f"in every call (+{t_touch:.3g}s at the calibrated first-touch rate)")
 
     # communication: the interconnect of the spec, or host memory for simulated devices
     ic = spec.interconnect
@@ -121,7 +127,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
             kc = k.flops / peak + (k.transcendentals / rate if rate else 0.0)
             km = k.bytes / bw
             t_kernels += max(kc, km) * k.count
-        t_kernels *= mult
+        t_kernels = t_kernels * mult + t_touch
     else:
         t_kernels = max(t_compute, t_mem)
         if cost.kernels:

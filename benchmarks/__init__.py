@@ -1,0 +1,1 @@
+"""Benchmarks, studies and the GPU device-check script (run as modules: python -m benchmarks.<name>)."""

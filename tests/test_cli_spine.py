@@ -1,0 +1,107 @@
+"""The spine's CLI as a user runs it: catalogue, roofline on the host and on a target, bad input, demo, GPU script."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    e = dict(os.environ, JAX_PLATFORMS="cpu", WORKBENCH_CACHE_DIR=str(d / "cache"),
+             WORKBENCH_RESULTS=str(d / "results"))
+    r = subprocess.run([sys.executable, "-m", "workbench", "calibrate", "--quick", "--json"], env=e, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cal = json.loads(r.stdout)
+    assert cal["matmul"]["float32"]["flops_per_s"] > 0 and cal["stream"]["bytes_per_s"] > 0
+    assert cal["physical"]["peak_flops"]["float32"] > 0
+    return e
+
+
+def wb(env, *args, ok=True):
+    r = subprocess.run([sys.executable, "-m", "workbench", *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    if ok:
+        assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def test_hw_list_and_show(env):
+    chips = json.loads(wb(env, "hw", "list", "--json").stdout)
+    names = [c["name"] for c in chips]
+    assert len(names) >= 10 and "host" in names and "tpu-v5e" in names
+    v5e = json.loads(wb(env, "hw", "show", "v5e", "--json").stdout)
+    assert v5e["peak_flops"]["bfloat16"] == pytest.approx(1.97e14)
+    assert v5e["sources"]["hbm_bw"]["source"]
+    host = json.loads(wb(env, "hw", "show", "host", "--json").stdout)
+    assert host["physical_peak_flops"]["float32"] > 0
+
+
+def test_roofline_matmul_on_host_records(env):
+    n = 256
+    r = json.loads(wb(env, "roofline", "matmul", "--m", str(n), "--n", str(n), "--k", str(n), "--json").stdout)
+    assert r["flops"] == 2 * n**3 and r["analytic_flops"] == 2 * n**3
+    assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["target"] == "host"
+    recs = [json.loads(line) for line in open(os.path.join(env["WORKBENCH_RESULTS"], "records.jsonl"))]
+    assert recs[-1]["id"] == r["record_id"] and recs[-1]["measurement"]["repeats"] == 10
+
+
+def test_roofline_target_predicts_without_running(env):
+    n = 8192
+    r = json.loads(wb(env, "roofline", "matmul", "--m", str(n), "--n", str(n), "--k", str(n), "--dtype", "bfloat16",
+                      "--target", "h100-sxm", "--json").stdout)
+    floor = 2 * n**3 / 9.89e14
+    assert r["measured_s"] is None and r["target"] == "h100-sxm"
+    assert floor * 0.99 <= r["predicted_s"] <= floor * 1.5 and r["bound"] == "compute"
+
+
+def test_elementwise_is_memory_bound(env):
+    r = json.loads(wb(env, "roofline", "elementwise", "--n", "1048576", "--json").stdout)
+    assert r["bound"] == "memory" and r["intensity"] < 1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["roofline", "matmul", "--m", "-5", "--n", "4", "--k", "4"], "--m must be a positive whole number"),
+    (["roofline", "matmul", "--m", "2.5"], "--m must be a positive whole number"),
+    (["roofline", "conv"], "unknown op"),
+    (["roofline", "matmul", "--dtype", "int3"], "unsupported dtype"),
+    (["roofline", "matmul", "--target", "tpu-v9"], "unknown chip"),
+    (["roofline", "softmax", "--m", "4"], "softmax takes sizes"),
+    (["roofline", "elementwise", "--n", "4000000000000"], "available"),
+    (["hw", "show", "nope"], "unknown chip"),
+])
+def test_bad_input_one_line_exit_2(env, args, needle):
+    r = wb(env, *args, ok=False)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_corrupt_results_file_exit_2(env, tmp_path):
+    bad = dict(env, WORKBENCH_RESULTS=str(tmp_path))
+    (tmp_path / "records.jsonl").write_text('{"id": "a"}\nnot json\n')
+    r = wb(bad, "results", "list", ok=False)
+    assert r.returncode == 2 and "records.jsonl:2" in r.stderr
+
+
+def test_demo_tiny_writes_report(env, tmp_path):
+    out = tmp_path / "report"
+    wb(env, "demo", "--tiny", "--out", str(out))
+    assert (out / "roofline.png").stat().st_size > 10_000
+    text = (out / "README.md").read_text()
+    assert "| op |" in text and "Median prediction error" in text
+
+
+def test_gpu_check_script_tiny_on_cpu(env, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--tiny", str(tmp_path)],
+                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["calibration"]["matmul_bfloat16"]["flops_per_s"] > 0
+    assert all("failed" not in row for row in summary["ops"]), summary["ops"]
+    assert (tmp_path / "table.md").exists() and (tmp_path / "results.jsonl").exists()

@@ -1,0 +1,101 @@
+"""HLO reading: kernels and collectives (sync, async, iota and mesh replica groups) against hand counts."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workbench import hlo
+
+ASYNC_HLO = """HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (p: (s32[], f32[64,128])) -> (s32[], f32[64,128]) {
+  %p = (s32[], f32[64,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %bx = f32[64,128]{1,0} get-tuple-element(%p), index=1
+  %ars = f32[64,128]{1,0} all-reduce-start(%bx), replica_groups=[2,4]<=[8], to_apply=%add
+  %ard = f32[64,128]{1,0} all-reduce-done(%ars)
+  ROOT %t = (s32[], f32[64,128]{1,0}) tuple(%i, %ard)
+}
+
+%cond (p: (s32[], f32[64,128])) -> pred[] {
+  %cp0 = (s32[], f32[64,128]{1,0}) parameter(0)
+  %ci = s32[] get-tuple-element(%cp0), index=0
+  %n = s32[] constant(12)
+  ROOT %lt = pred[] compare(%ci, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[16,256], y: f32[64,128]) -> (bf16[128,256], f32[64,128]) {
+  %x = bf16[16,256]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} parameter(1)
+  %ags = (bf16[16,256]{1,0}, bf16[128,256]{1,0}) all-gather-start(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %agd = bf16[128,256]{1,0} all-gather-done(%ags)
+  %cp = f32[64,128]{1,0} collective-permute(%y), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %z = s32[] constant(0)
+  %init = (s32[], f32[64,128]{1,0}) tuple(%z, %cp)
+  %w = (s32[], f32[64,128]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+  %out = f32[64,128]{1,0} get-tuple-element(%w), index=1
+  ROOT %r = (bf16[128,256]{1,0}, f32[64,128]{1,0}) tuple(%agd, %out)
+}
+"""
+
+
+def test_async_iota_and_loop_collectives():
+    cs = {c.kind: c for c in hlo.parse_collectives(ASYNC_HLO, n_devices=8)}
+    ag = cs["all-gather"]
+    assert ag.is_async and ag.payload_bytes == 128 * 256 * 2 and ag.group_size == 8 and ag.dtype == "bfloat16"
+    ar = cs["all-reduce"]
+    assert ar.is_async and ar.payload_bytes == 64 * 128 * 4 and ar.group_size == 4 and ar.n_groups == 2
+    assert ar.count == 12, "collectives inside a while body run trip-count times"
+    assert ar.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    cp = cs["collective-permute"]
+    assert cp.payload_bytes == 64 * 128 * 4 and cp.count == 1
+
+
+def _mesh():
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def test_sharded_matmul_collectives_and_axes():
+    mesh = _mesh()
+    m, k, n = 64, 128, 256
+
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    xs = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    ws = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    c = jax.jit(f, out_shardings=NamedSharding(mesh, P("data", None))).lower(xs, ws).compile()
+    text = c.as_text()
+    colls = hlo.parse_collectives(text, mesh=mesh)
+    # contracting dim sharded over 'model': partial sums all-reduced (or reduce-scattered + gathered) over model
+    kinds = {c.kind for c in colls}
+    assert kinds & {"all-reduce", "reduce-scatter"}
+    assert all(c.mesh_axes == ("model",) for c in colls if c.kind in ("all-reduce", "reduce-scatter"))
+    ar = [c for c in colls if c.kind == "all-reduce"]
+    if ar:
+        assert ar[0].payload_bytes == (m // 2) * n * 4
+    kernels = hlo.parse_kernels(text)
+    per_device_flops = 2 * (m // 2) * (k // 4) * n
+    assert abs(sum(kk.flops * kk.count for kk in kernels if kk.flops) - per_device_flops) / per_device_flops < 0.2
+    assert sum(kk.transcendentals for kk in kernels) == (m // 2) * n
+
+
+def test_mesh_replica_groups_format():
+    spec = "mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}"
+    groups = hlo._expand_groups(spec)
+    assert groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert hlo.mesh_axes_of_groups(groups, _mesh()) == ("data",)
+
+
+def test_shape_bytes():
+    (s,) = hlo.parse_shapes("bf16[4,8]{1,0}")
+    assert s.bytes == 64 and s.elements == 32
+    assert sum(x.bytes for x in hlo.parse_shapes("(f32[2]{0}, s8[3]{0})")) == 11
+    assert np.isclose(hlo.parse_shapes("f32[]")[0].bytes, 4)

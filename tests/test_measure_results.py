@@ -1,0 +1,68 @@
+"""Measurement harness and results store."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from workbench.errors import RecompileError, WorkbenchError
+from workbench.measure import measure, measure_steps, random_inputs, summarize
+from workbench.results import Store, make_record
+
+
+def test_measure_stats_and_batching():
+    f = jax.jit(lambda x: x * 2.0)
+    x = jnp.ones((1000,))
+    m = measure(f, x, warmup=1, repeats=5)
+    assert m.repeats == 5 and m.min_s <= m.median_s and m.calls_per_repeat > 1
+    assert m.iqr_s >= 0
+
+
+def test_recompile_during_timing_is_an_error():
+    f = jax.jit(lambda x: x + 1)
+
+    def step(i):
+        return f(jnp.ones((2 + i,)))  # a new shape every call → recompiles
+
+    with pytest.raises(RecompileError):
+        measure_steps(step, warmup=1, repeats=3, guard=f)
+
+
+def test_wide_spread_flagged():
+    m = summarize([1.0, 1.0, 2.0, 3.0, 1.0], warmup=1, calls=1, compile_s=None)
+    assert m.wide_spread and any("wide spread" in n for n in m.notes)
+    assert not summarize([1.0, 1.01, 0.99, 1.0], warmup=1, calls=1, compile_s=None).wide_spread
+
+
+def test_random_inputs_never_zero():
+    a = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
+    (x,) = random_inputs((a,))
+    assert x.dtype == jnp.bfloat16 and float(jnp.abs(x).sum()) > 0 and float(x.std()) > 0.5
+
+
+def test_store_roundtrip_and_dataframe(tmp_path):
+    st = Store(str(tmp_path))
+    r = st.append(make_record("t", {"op": "x"}, extra={"v": float("nan")}, seed=3))
+    st.append(make_record("u", {"op": "y"}))
+    assert [x["id"] for x in st.records()][0] == r["id"]
+    assert r["extra"]["v"] is None and r["provenance"]["seed"] == 3 and r["provenance"]["jax"] == jax.__version__
+    df = st.load()
+    assert len(df) == 2 and "spec.op" in df.columns
+    assert len(st.records("u")) == 1
+
+
+def test_corrupt_and_incomplete_files(tmp_path):
+    st = Store(str(tmp_path))
+    st.append(make_record("t", {}))
+    before = open(st.path).read()
+    with open(st.path, "a") as f:
+        f.write('{"half": ')  # a torn write from outside
+    with pytest.raises(WorkbenchError, match="incomplete record"):
+        st.append(make_record("t", {}))
+    assert open(st.path).read() == before + '{"half": ', "nothing appended to a damaged file"
+    with pytest.raises(WorkbenchError, match=r"records.jsonl:2"):
+        st.records()
+    assert json.loads(before)["kind"] == "t"
+    os.remove(st.path)
+    assert st.records() == []

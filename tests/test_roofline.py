@@ -1,0 +1,96 @@
+"""Roofline prediction and collective models against hand arithmetic."""
+import dataclasses
+
+import pytest
+
+from partitioning.collectives import collective_time
+from workbench.costs import CostReport
+from workbench.hardware import HardwareSpec, Interconnect, get_spec
+from workbench.hlo import CollectiveOp, KernelCost
+
+CHIP = HardwareSpec(name="toy", kind="tpu", vendor="test", peak_flops={"bfloat16": 100e12, "float32": 10e12},
+                    hbm_bytes=16e9, hbm_bw=1e12, interconnect=Interconnect("ici-torus-2d", 50e9, 4, 0.0),
+                    transcendentals_per_s=1e12)
+
+
+def test_compute_bound_matmul():
+    n = 4096
+    cost = CostReport(flops=2 * n**3, transcendentals=0, bytes_accessed=3 * n * n * 2, compute_dtype="bfloat16")
+    from workbench.roofline import predict
+
+    p = predict(cost, CHIP)
+    assert p.bound == "compute"
+    assert p.compute_s == pytest.approx(2 * n**3 / 100e12)
+    assert p.memory_s == pytest.approx(3 * n * n * 2 / 1e12)
+    assert p.predicted_s == pytest.approx(p.compute_s)
+    assert p.intensity == pytest.approx(2 * n**3 / (6 * n * n))
+    assert p.ridge == pytest.approx(100.0)
+
+
+def test_memory_bound_and_kernel_sum():
+    from workbench.roofline import predict
+
+    ks = (KernelCost("mm", "kOutput", "", 1e6, 1e6, 2e11, 0), KernelCost("ew", "kLoop", "", 4e9, 4e9, 1e9, 0))
+    cost = CostReport(flops=2e11 + 1e9, transcendentals=0, bytes_accessed=8e9 + 2e6, kernels=ks,
+                      compute_dtype="bfloat16")
+    p = predict(cost, CHIP)
+    assert p.bound == "memory"
+    # each kernel bounded by its own roof: matmul 2 ms of compute + elementwise 8 ms of memory
+    assert p.kernel_s == pytest.approx(2e11 / 100e12 + 8e9 / 1e12)
+    assert p.predicted_s >= max(p.compute_s, p.memory_s)
+
+
+def test_collective_formulas():
+    ic = Interconnect("ici-torus-2d", 50e9, 4, 0.0)
+    V, g = 1e9, 4
+    assert collective_time("all-gather", V, g, ic) == pytest.approx(V * 3 / 4 / (2 * 50e9))
+    assert collective_time("all-reduce", V, g, ic) == pytest.approx(2 * V * 3 / 4 / (2 * 50e9))
+    assert collective_time("all-gather", V, 1, ic) == 0.0
+    nv = Interconnect("nvlink", 25e9, 18, 0.0, scale_out_bw=50e9)
+    assert collective_time("reduce-scatter", V, 8, nv) == pytest.approx(V * 7 / 8 / 450e9)
+    assert collective_time("reduce-scatter", V, 16, nv) == pytest.approx(V * 15 / 16 / 50e9)
+
+
+def test_comm_term_and_overlap():
+    from workbench.roofline import predict
+
+    c = CollectiveOp("ar", "all-reduce", "float32", 1e9, 4, 1, False, count=2)
+    cost = CostReport(flops=1e9, transcendentals=0, bytes_accessed=1e6, collectives=(c,), n_devices=4)
+    p = predict(cost, CHIP)
+    assert p.comm_s == pytest.approx(2 * collective_time("all-reduce", 1e9, 4, CHIP.interconnect))
+    assert p.bound == "communication"
+    assert p.predicted_serial_s == pytest.approx(p.kernel_s + p.comm_s)
+    assert p.predicted_s == pytest.approx(max(p.kernel_s, p.comm_s))
+
+
+def test_simulated_mesh_whole_mesh_on_host():
+    from workbench.roofline import predict
+
+    host = dataclasses.replace(CHIP, name="host", kind="cpu", interconnect=Interconnect("host-memory", 1e12, 1))
+    cost = CostReport(flops=1e12, transcendentals=0, bytes_accessed=1e6, n_devices=8)
+    p = predict(cost, host)
+    assert p.scope == "whole_mesh_on_host"
+    assert p.flops == 8e12
+    assert any("share this host" in n for n in p.notes)
+
+
+def test_fp8_falls_back_where_chip_lacks_units():
+    from workbench.roofline import predict
+
+    cost = CostReport(flops=1e12, transcendentals=0, bytes_accessed=1e6, compute_dtype="float8_e4m3fn")
+    p = predict(cost, CHIP)
+    assert p.peak_dtype == "bfloat16" and any("no float8_e4m3fn units" in n for n in p.notes)
+    h100 = get_spec("h100-sxm")
+    assert h100.peak_dtype("float8_e4m3fn") == "float8_e4m3fn"
+
+
+def test_catalogue_sources_everywhere():
+    from workbench.hardware import catalogue
+
+    cat = catalogue()
+    assert len(cat) >= 9
+    for spec in cat.values():
+        assert "bfloat16" in spec.peak_flops and spec.hbm_bw > 0 and spec.hbm_bytes > 0
+        for key in ("hbm_bw", "hbm_bytes", "peak_flops.bfloat16", "interconnect.link_bw"):
+            src = spec.sources[key]
+            assert src.source and src.date, f"{spec.name}.{key} has no source/date"

@@ -1,0 +1,19 @@
+"""`workbench demo`: the headline study (what `make demo` runs)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo_cmd(out: Optional[str] = typer.Option(None, help="report folder (default reports/demo-<time>)"),
+                 tiny: bool = typer.Option(False, help="tiny sizes (seconds; for tests)")):
+        """Built-in ops at a few sizes on this CPU, measured and predicted; a table and a report folder with a
+        roofline chart."""
+        from workbench.demo import run_demo
+        from workbench.devices import request_devices
+
+        request_devices(None)
+        run_demo(out, tiny=tiny)

@@ -1,0 +1,92 @@
+"""`workbench predict`: compile a model's step for a TPU slice or GPU node from this host; memory fit and prediction.
+
+    workbench predict --preset llama3-8b --target tpu-v5e:4x4 --strategy fsdp --batch 16 --seq 2048 --json
+    workbench predict --preset tiny --target h100:8 --strategy fsdp+tp --mesh data=2,model=4
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from workbench.commands._common import _stderr_console, emit_json, fmt, print_table
+
+
+def setup_target_devices(target_text: str, gpu_compiler: str = "auto"):
+    """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
+    that many CPU devices)."""
+    from partitioning.topology import gpu_compiler_for, parse_target
+    from workbench.devices import default_platform, request_devices
+
+    target = parse_target(target_text)
+    if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
+        request_devices(target.n_chips)
+    else:
+        default_platform()
+    return target
+
+
+def summary_rows(r: dict) -> list[dict]:
+    gib = 2**30
+    rows = [
+        {"field": "target", "value": f"{r['target']} ({r['target_description']}; compiler {r['compiler']})"},
+        {"field": "program", "value": f"{r['preset']} {r['mode']} · {r['strategy']} · mesh {r['mesh']} · "
+                                      f"batch {r['batch']} × seq {r['seq']} · remat {r['remat']} · "
+                                      f"microbatches {r['microbatches']} · {r['policy']}"},
+        {"field": "fits", "value": str(r["fits"]) + (f" — {r['reason']}" if r.get("reason") else "")},
+    ]
+    if r.get("memory_per_device_bytes") is not None:
+        rows.append({"field": "memory / device", "value": f"{r['memory_per_device_bytes'] / gib:.2f} GiB of "
+                                                          f"{r['hbm_bytes'] / gib:.2f} GiB HBM"})
+    for k, label in (("flops_per_device", "FLOP / device"), ("bytes_per_device", "bytes / device"),
+                     ("collective_bytes_per_device", "collective bytes / device"), ("compute_s", "compute term s"),
+                     ("memory_s", "memory term s"), ("comm_s", "communication term s"),
+                     ("roofline_s", "roofline s"), ("analytic_floor_s", "analytic floor s"),
+                     ("predicted_step_s", "predicted step s"), ("tokens_per_s", "tokens/s"),
+                     ("predicted_mfu", "predicted MFU"), ("xla_estimate_s", "compiler estimate s"),
+                     ("compile_s", "compile s")):
+        if r.get(k) is not None:
+            rows.append({"field": label, "value": fmt(float(r[k]))})
+    for kind, v in (r.get("collectives") or {}).items():
+        rows.append({"field": f"  {kind}", "value": f"{int(v['count'])}× {v['bytes'] / 2**20:.3g} MiB"})
+    if r.get("bottleneck"):
+        rows.append({"field": "bottleneck", "value": r["bottleneck"]})
+    return rows
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("predict")
+    def predict_cmd(
+        preset: str = typer.Option(..., "--preset", help="model preset (tiny, small, llama3-8b, ...)"),
+        target: str = typer.Option(..., "--target", help="tpu-v5e:4x4, tpu-v4:2x2x1, tpu-v5p:2x2x2, tpu-v6e:2x4, "
+                                                         "h100:8, h200:16, b200:8 (see docs/targets.md)"),
+        strategy: str = typer.Option(..., "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep"),
+        mesh: Optional[str] = typer.Option(None, "--mesh", help="e.g. data=4,model=4 (default: the strategy's)"),
+        batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
+        seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
+        mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
+        remat: Optional[str] = typer.Option(None, "--remat", help="none | per-layer (default: the preset's)"),
+        microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step"),
+        policy: str = typer.Option("bf16", "--policy", help="precision policy (bf16, float32, ...)"),
+        set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
+        gpu_compiler: str = typer.Option("auto", "--gpu-compiler",
+                                         help="GPU targets: auto | xla-gpu (deviceless, needs the JAX CUDA plugin) "
+                                              "| cpu-sim (compile for simulated CPU devices)"),
+        compile_anyway: bool = typer.Option(False, "--compile-anyway",
+                                            help="compile even when the sharded state alone exceeds HBM"),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
+    ):
+        """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
+        tgt = setup_target_devices(target, gpu_compiler)
+        from workbench.predict import PredictSpec, predict
+
+        spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
+                           mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
+                           gpu_compiler=gpu_compiler)
+        con = _stderr_console()
+        with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
+            r = predict(spec, compile_anyway=compile_anyway)
+        if as_json:
+            emit_json(r)
+        else:
+            print_table(summary_rows(r), ["field", "value"], title=f"workbench predict · {tgt.name}")

@@ -1,0 +1,61 @@
+"""Reports from records: roofline charts (matplotlib, PNG) and Markdown tables."""
+from __future__ import annotations
+
+import os
+
+
+def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: str = "float32") -> str:
+    """Log-log roofline: the spec's ceilings (measured XLA and, for the host, physical), its ridge point, and each
+    point at (intensity, achieved FLOP/s) measured (filled) and predicted (hollow).
+
+    points: dicts with label, intensity, flops, measured_s (or None), predicted_s.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    ints = [p["intensity"] for p in points if p.get("intensity")] or [1.0]
+    lo, hi = min(min(ints) / 4, 0.05), max(max(ints) * 4, 1e3)
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    bw = spec.hbm_bw
+    styles = [("-", "C0"), ("--", "C1"), (":", "C2")]
+    peaks = {f"{dt} (XLA, measured)" if spec.kind == "cpu" else dt: v for dt, v in spec.peak_flops.items()}
+    if spec.physical_peak_flops:
+        peaks.update({f"{dt} (physical)": v for dt, v in spec.physical_peak_flops.items()})
+    for i, (name, pk) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
+        ls, c = styles[i % len(styles)][0], f"C{i}"
+        ax.plot(x, np.minimum(pk, bw * x), ls, color=c, lw=1.5, label=f"roof {name}: {pk / 1e9:.0f} GFLOP/s")
+    ridge = spec.ridge(dtype)
+    ax.axvline(ridge, color="grey", lw=0.8, ls=":")
+    ax.annotate(f"ridge {ridge:.1f} FLOP/B\n(bw {bw / 1e9:.1f} GB/s)", (ridge, spec.peak(dtype)),
+                textcoords="offset points", xytext=(5, -30), fontsize=8, color="grey")
+    for j, p in enumerate(points):
+        c = f"C{(j % 7) + 3}"
+        if p.get("predicted_s"):
+            ax.scatter(p["intensity"], p["flops"] / p["predicted_s"], facecolors="none", edgecolors=c, s=50)
+        if p.get("measured_s"):
+            ax.scatter(p["intensity"], p["flops"] / p["measured_s"], color=c, s=35, label=p["label"])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte accessed)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title or f"Roofline: {spec.name} (filled: measured, hollow: predicted)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    from workbench.commands._common import fmt
+
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        out.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(out)
