@@ -24,7 +24,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 
 
 def cache_dir() -> str:
@@ -190,6 +190,19 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["stream"] = {"buffer_bytes": nel * 4, "bytes_per_s": traffic / m.median_s,
                      "bytes_per_s_iqr": traffic * m.iqr_s / m.median_s**2, "bytes_per_s_best": traffic / m.min_s,
                      "counted": "bytes read + bytes written", "spread": m.spread}
+    # the same kernel over a buffer that stays in the last-level cache
+    nel_c = max(llc // 4 // 4, 1 << 14)
+    state_c = {"x": jax.device_put(jax.random.normal(jax.random.key(4), (nel_c,), jnp.float32), dev)}
+
+    def step_c(i):
+        state_c["x"] = sf(state_c["x"])
+        return state_c["x"]
+
+    _say(f"calibrate: in-cache bandwidth over {nel_c * 4 / 2**20:.0f} MiB", quiet)
+    mc = measure_steps(step_c, warmup=3, repeats=reps, guard=sf)
+    out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": 2.0 * nel_c * 4 / mc.median_s,
+                           "spread": mc.spread, "counted": "bytes read + bytes written"}
+    del state_c
     _say("calibrate: first-touch cost of fresh large outputs (same kernel, new output buffer each call)", quiet)
     xs = state.pop("x")
     fresh = jax.jit(lambda x: x * 1.0001 + 0.5).lower(xs).compile()
@@ -264,6 +277,7 @@ def spec_from_calibration(cal: dict):
         hbm_bytes=float(feat["mem_bytes"]), hbm_bw=bw,
         interconnect=Interconnect("host-memory", bw, 1),
         first_touch_bw=cal.get("first_touch", {}).get("bytes_per_s"),
+        onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,

@@ -67,6 +67,7 @@ class HardwareSpec:
     transcendentals_per_s: float | None = None  # special-function results/s per chip; None = unpublished
     physical_peak_flops: dict[str, float] | None = None  # host only: derived from CPU features
     first_touch_bw: float | None = None  # host only: bytes/s of page-faulting fresh large output buffers
+    onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None

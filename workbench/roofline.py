@@ -74,14 +74,19 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     ran on more than one CPU device) → whole-mesh work against the host ceilings.
     """
     notes: list[str] = list(cost.notes)
+    if simulated_mesh is None:
+        simulated_mesh = spec.kind == "cpu" and cost.n_devices > 1
     d = dtype_name(dtype or cost.compute_dtype)
     pdt = spec.peak_dtype(d)
     if pdt != d:
         notes.append(f"{spec.name} has no {d} units in the catalogue: priced at its {pdt} peak")
     peak = spec.peak_flops[pdt]
     bw = spec.hbm_bw
-    if simulated_mesh is None:
-        simulated_mesh = spec.kind == "cpu" and cost.n_devices > 1
+    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
+    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
+        bw = spec.onchip_bw
+        notes.append(f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} MiB "
+                     "last-level cache: memory priced at the measured in-cache bandwidth")
     mult = cost.n_devices if simulated_mesh else 1
     scope = "whole_mesh_on_host" if simulated_mesh else "per_device"
     if simulated_mesh:
@@ -111,7 +116,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     # communication: the interconnect of the spec, or host memory for simulated devices
     ic = spec.interconnect
     if simulated_mesh:
-        ic = Interconnect("host-memory", bw, 1)
+        ic = Interconnect("host-memory", spec.hbm_bw, 1)
     comm_by_kind: dict[str, float] = {}
     for c in cost.collectives:
         t = collective_time(c.kind, c.payload_bytes, c.group_size, ic, torus_axes=torus_axes) * c.count * mult
