@@ -374,8 +374,10 @@ class Fp8Einsum(nnx.Module):
             return compute_scale(ax, one, self.fmt, m), compute_scale(aw, one, self.fmt, m)
         sx, hx = delayed_scaling_update(ax, self.x_scale[...], self.x_amax_history[...], self.fmt, m)
         sw, hw = delayed_scaling_update(aw, self.w_scale[...], self.w_amax_history[...], self.fmt, m)
-        self.x_scale[...], self.x_amax_history[...] = sx, hx
-        self.w_scale[...], self.w_amax_history[...] = sw, hw
+        for name, v in (("x_scale", sx), ("x_amax_history", hx), ("w_scale", sw), ("w_amax_history", hw)):
+            # a fresh Variable, not `var[...] = v`: in-place mutation raises TraceContextError when the model is
+            # nnx.merge'd inside a plain jax.value_and_grad (the train step's pattern); replacing works in both
+            setattr(self, name, Fp8Meta(v))
         return sx, sw
 
     def __call__(self, eq: str, x, w):
@@ -448,10 +450,10 @@ class DynamicLossScale:
         return LossScaleState(scale.astype(F32), good)
 
     def unscale_and_check(self, grads, state: LossScaleState):
-        """-> (unscaled grads, finite: bool scalar, new state). Apply the optimizer update only where finite."""
+        """-> (unscaled grads, new state, finite: bool scalar). Apply the optimizer update only where finite."""
         g = self.unscale(grads, state)
         finite = self.all_finite(g)
-        return g, finite, self.update(state, finite)
+        return g, self.update(state, finite), finite
 
     @staticmethod
     def select(finite, new_tree, old_tree):

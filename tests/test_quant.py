@@ -241,12 +241,12 @@ def test_dynamic_loss_scale_rules():
     assert ls is not None and get_policy("bf16").loss_scaling is None
     ls = q.DynamicLossScale(init_scale=8.0, growth_interval=2)
     st = ls.init()
-    g, finite, st = ls.unscale_and_check({"a": jnp.array([8.0, 16.0])}, st)
+    g, st, finite = ls.unscale_and_check({"a": jnp.array([8.0, 16.0])}, st)
     assert bool(finite) and float(st.scale) == 8.0 and int(st.good_steps) == 1
     np.testing.assert_array_equal(np.asarray(g["a"]), [1.0, 2.0])
-    _, finite, st = ls.unscale_and_check({"a": jnp.array([1.0])}, st)  # second finite step: grows
+    _, st, finite = ls.unscale_and_check({"a": jnp.array([1.0])}, st)  # second finite step: grows
     assert float(st.scale) == 16.0 and int(st.good_steps) == 0
-    _, finite, st = ls.unscale_and_check({"a": jnp.array([jnp.inf])}, st)  # overflow: halves, resets
+    _, st, finite = ls.unscale_and_check({"a": jnp.array([jnp.inf])}, st)  # overflow: halves, resets
     assert not bool(finite) and float(st.scale) == 8.0 and int(st.good_steps) == 0
     kept = ls.select(finite, {"p": jnp.ones(2)}, {"p": jnp.zeros(2)})
     np.testing.assert_array_equal(np.asarray(kept["p"]), 0.0)
