@@ -419,8 +419,11 @@ def ep_axes(mesh, expert_axis: str = EXPERT_AXIS):
 
 
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None):
-    """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums)."""
+               bias_e=None, tensor_axis: str | None = "auto"):
+    """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
+
+    Tokens are split over every mesh axis but `tensor_axis` ("auto": the first of TENSOR_AXES present with size > 1;
+    None: no tensor parallelism inside the experts)."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None or expert_axis not in mesh.axis_names:
         raise WorkbenchError(f"expert parallelism needs a mesh with an {expert_axis!r} axis in context "
@@ -429,6 +432,9 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     E = opt.n_experts
     check_routing_args(E, opt.top_k, opt.capacity_factor, opt.router, opt.score, ep)
     token_axes, tensor = ep_axes(mesh, expert_axis)
+    if tensor_axis != "auto":
+        tensor = tensor_axis
+        token_axes = tuple(a for a in mesh.axis_names if a != tensor)
     n_tok_shards = int(np.prod([mesh.shape[a] for a in token_axes]))
     T, D = x_td.shape
     if T % n_tok_shards:
@@ -476,18 +482,20 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     return fn(params, x_td, bias)
 
 
+def _partitioning_context():
+    """(mesh, rules) from partitioning.shard.activation_sharding, or None (also when partitioning/ is absent)."""
+    try:
+        from partitioning.shard import current
+    except ModuleNotFoundError:
+        return None
+    return current()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the Flax NNX block
 # ---------------------------------------------------------------------------------------------------------------
 class ExpertBias(nnx.Variable):
     """Loss-free balancing bias (not a parameter: updated by a rule, not by the optimizer)."""
-
-
-def _param(value, names):
-    """A parameter carrying logical axis names; sharded eagerly only when a mesh is in context."""
-    if current_mesh() is None:  # nothing to shard onto; keep the names as metadata
-        return nnx.Param(value, out_sharding=names, eager_sharding=False)
-    return nnx.Param(value, out_sharding=names)  # flax's default (eager sharding through the logical rules)
 
 
 class MoEBlock(nnx.Module):
@@ -506,19 +514,21 @@ class MoEBlock(nnx.Module):
                            self.opt.score)
         if self.opt.mlp not in MLPS:
             raise WorkbenchError(f"unknown mlp {self.opt.mlp!r}; choose one of {', '.join(MLPS)}")
+        from models.layers import normal, param, zeros  # the models' one parameter convention (no eager sharding)
+
         E, D, F = cfg.n_experts, cfg.d_model, cfg.d_ff
         self.compute_dtype = policy.compute_dtype
         pd = policy.param_dtype
-        init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1,
-                                                    batch_axis=(0,))
-        self.w_router_de = _param(jax.nn.initializers.normal(D ** -0.5)(rngs.params(), (D, E), pd), ("embed", None))
-        self.w_in_edf = _param(init(rngs.params(), (E, D, F), pd), ("experts", "embed", "mlp"))
+        # the same initialisation as the dense MLP in models/layers.py, so MoE and dense start alike
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * getattr(cfg, "n_layers", 1))
+        self.w_router_de = param(rngs, normal(std), (D, E), ("embed", None), pd)
+        self.w_in_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
         if self.opt.mlp == "swiglu":
-            self.w_gate_edf = _param(init(rngs.params(), (E, D, F), pd), ("experts", "embed", "mlp"))
-        self.w_out_efd = _param(init(rngs.params(), (E, F, D), pd), ("experts", "mlp", "embed"))
+            self.w_gate_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
+        self.w_out_efd = param(rngs, normal(out_std), (E, F, D), ("experts", "mlp", "embed"), pd)
         if getattr(cfg, "bias", False):
-            self.b_in_ef = _param(jnp.zeros((E, F), pd), ("experts", "mlp"))
-            self.b_out_ed = _param(jnp.zeros((E, D), pd), ("experts", "embed"))
+            self.b_in_ef = param(rngs, zeros, (E, F), ("experts", "mlp"), pd)
+            self.b_out_ed = param(rngs, zeros, (E, D), ("experts", "embed"), pd)
         self.dot = policy.einsum_module(rngs=rngs)
         self.jitter = float(getattr(cfg, "router_jitter", 0.0) or 0.0)
         self.bias_rate = float(getattr(cfg, "router_bias_rate", 0.0) or 0.0)
@@ -535,13 +545,30 @@ class MoEBlock(nnx.Module):
         return {n: getattr(self, n)[...] for n in names if hasattr(self, n)}
 
     def _use_ep(self):
+        """(mesh, tensor axis) for expert parallelism, or None for the local path.
+
+        Under partitioning.shard.activation_sharding(mesh, rules) EP is on when the rules map the logical 'experts'
+        axis onto a mesh axis of size > 1 (strategy 'ep'); the rules' 'mlp' axis, if any, is the tensor axis.
+        Without rules: EP when the mesh in context has an 'expert' axis of size > 1.
+        """
         if self.expert_parallel is False:
             return None
-        mesh = self.mesh if self.mesh is not None else current_mesh()
-        if mesh is not None and EXPERT_AXIS in mesh.axis_names and mesh.shape[EXPERT_AXIS] > 1:
-            return mesh
+        ctx = _partitioning_context()
+        mesh, tensor = self.mesh, None
+        if ctx is not None:
+            mesh = mesh if mesh is not None else ctx[0]
+            rules = ctx[1]
+            on = EXPERT_AXIS in rules.mesh_axes_for("experts")
+            tensor = next((a for a in rules.mesh_axes_for("mlp") if a in mesh.axis_names and mesh.shape[a] > 1), None)
+        else:
+            mesh = mesh if mesh is not None else current_mesh()
+            on = True
+            tensor = None if mesh is None else ep_axes(mesh)[1]
+        if on and mesh is not None and EXPERT_AXIS in mesh.axis_names and mesh.shape[EXPERT_AXIS] > 1:
+            return mesh, tensor
         if self.expert_parallel:
-            raise WorkbenchError("expert_parallel=True needs a mesh with an 'expert' axis of size > 1 in context")
+            raise WorkbenchError("expert_parallel=True needs a mesh with an 'expert' axis of size > 1 in context "
+                                 "(strategy 'ep')")
         return None
 
     def __call__(self, x_btd):
@@ -549,9 +576,10 @@ class MoEBlock(nnx.Module):
         x_td = x_btd.reshape(B * S, D)
         params = self.param_dict()
         bias_e = self.expert_bias[...] if self.bias_rate else None
-        mesh = self._use_ep()
-        if mesh is not None:
-            y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=mesh, bias_e=bias_e)
+        ep = self._use_ep()
+        if ep is not None:
+            y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
+                                    tensor_axis=ep[1])
         else:
             jitter_td = None
             if self.jitter and not self.deterministic:

@@ -146,10 +146,10 @@ def _reference(params, x, opt):
 
 def _block(**kw):
     blk = moe.MoEBlock(_cfg(**kw), F32, rngs=nnx.Rngs(0))
-    p = blk.param_dict()
-    # nonzero biases so the bias paths are checked too
-    blk.b_in_ef[...] = 0.1 * jax.random.normal(jax.random.key(7), p["b_in_ef"].shape)
-    blk.b_out_ed[...] = 0.1 * jax.random.normal(jax.random.key(8), p["b_out_ed"].shape)
+    # order-one weights and nonzero biases (the 0.02 init makes every path nearly linear and every router uniform)
+    for i, (name, v) in enumerate(sorted(blk.param_dict().items())):
+        std = 0.1 if name.startswith("b_") else (1.0 if name == "w_router_de" else 0.5)
+        getattr(blk, name)[...] = std * jax.random.normal(jax.random.key(100 + i), v.shape)
     return blk
 
 
@@ -214,7 +214,7 @@ def test_gradients_flow_through_the_router(kw):
     assert np.all(np.isfinite(gr)) and np.abs(gr).max() > 1e-6
     # the gradient is right: directional derivative against a central difference
     d = jax.random.normal(jax.random.key(6), gr.shape)
-    eps = 1e-2
+    eps = 1e-3
 
     def at(s):
         b2 = nnx.clone(blk)
@@ -255,7 +255,8 @@ def test_block_output_shape_aux_keys_and_jitter():
     # expert weights carry logical axis names, 'experts' first
     assert blk.w_in_edf.get_metadata()["out_sharding"] == ("experts", "embed", "mlp")
     jb = moe.MoEBlock(_cfg(capacity_factor=1.0, router_jitter=0.1), F32, rngs=nnx.Rngs(0, dropout=1))
-    jb.b_in_ef[...], jb.b_out_ed[...] = blk.b_in_ef[...], blk.b_out_ed[...]
+    for name, v in blk.param_dict().items():
+        getattr(jb, name)[...] = v
     y1, _ = jb(x)
     assert not np.allclose(np.asarray(y1), np.asarray(y))  # jitter changes the routing input in training
     jb.deterministic = True
@@ -301,7 +302,7 @@ def test_expert_parallel_equals_unsharded(shape, names, kw):
     a0 = moe.finalize_stats(s0, blk.opt.aux_loss_coef, blk.opt.z_loss_coef)
     for k in a0:
         assert_close(aux1[k], a0[k], jnp.float32)
-    if kw.get("capacity_factor"):
+    if kw.get("capacity_factor") and "router" not in kw:
         assert float(s0["dropped"]) > 0  # the check covers dropping, not only the easy case
 
 
