@@ -10,9 +10,10 @@ A target names a chip and a slice shape:
 
 TPU targets get compile-only devices from the TPU compiler in libtpu through
 `jax.experimental.topologies.get_topology_desc` — no TPU attached, no device memory touched; the CPU platform stays
-JAX's default for everything else. GPU targets have no deviceless compiler in the installed jaxlib (see
-docs/targets.md): their programs are compiled for a simulated CPU mesh of the same shape and predicted with the GPU's
-catalogue spec and NVLink/InfiniBand collective models.
+JAX's default for everything else. GPU targets: the pinned jaxlib alone has no deviceless GPU compiler, so their
+programs are compiled for a simulated CPU mesh of the same shape and predicted with the GPU's catalogue spec and
+NVLink/InfiniBand collective models; with the JAX CUDA plugin installed (no GPU needed) XLA:GPU itself compiles them
+for a compile-only GPU topology described by a GpuTargetConfig (see docs/targets.md).
 """
 from __future__ import annotations
 
@@ -63,20 +64,56 @@ _TPU_ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
 class GpuFamily:
     key: str
     spec_names: tuple[str, ...]
-    gpus_per_node: int = 8        # NVLink domain of an HGX/DGX node; beyond it InfiniBand
+    device_info: dict              # XLA GpuTargetConfig gpu_device_info fields (deviceless XLA:GPU compiles)
+    description: str               # what the CUDA driver would report as the device name
+    gpus_per_node: int = 8         # NVLink domain of an HGX/DGX node; beyond it InfiniBand
     source: str = ""
 
 
+# Device facts the XLA:GPU compiler reads from a GpuTargetConfig when no GPU is attached (SM count, memory, caches,
+# compute capability). Sources, read 2026-11: NVIDIA A100 datasheet and Ampere whitepaper; H100 datasheet and Hopper
+# whitepaper (SXM5: 132 SMs, 50 MB L2, 1.98 GHz boost); H200 datasheet (same GH100 die, 141 GB HBM3e, 4.8 TB/s);
+# DGX B200 datasheet (148 SMs per GPU is from the Blackwell architecture brief; L2 size and clock are not on a NVIDIA
+# datasheet: 126 MB and 1.965 GHz are third-party microbenchmark figures and only steer the compiler's tiling);
+# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (shared memory per SM and per block,
+# registers, threads). They steer XLA:GPU's fusion and tiling heuristics; memory figures steer nothing the workbench
+# reports (fit is judged against the hardware catalogue's HBM).
+_SM80 = dict(shared_memory_per_core=167936, shared_memory_per_block_optin=166912, fpus_per_core=64)
+_SM90 = dict(shared_memory_per_core=233472, shared_memory_per_block_optin=232448, fpus_per_core=128)
 GPU_FAMILIES: dict[str, GpuFamily] = {
-    "a100": GpuFamily("a100", ("a100-80gb", "a100", "nvidia-a100-80gb", "a100_80gb"),
-                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
-    "h100": GpuFamily("h100", ("h100-sxm", "h100", "nvidia-h100-sxm", "h100_sxm"),
-                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
-    "h200": GpuFamily("h200", ("h200", "h200-sxm", "nvidia-h200", "h200_sxm"),
-                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
-    "b200": GpuFamily("b200", ("b200", "nvidia-b200", "b200_sxm"),
-                      source="https://www.nvidia.com/en-us/data-center/hgx/"),
+    "a100": GpuFamily("a100", ("a100-80gb", "a100"), dict(
+        core_count=108, clock_rate_ghz=1.41, l2_cache_size=40 * 2**20, device_memory_size=80 * 10**9,
+        memory_bandwidth=2039 * 10**9, cc=(8, 0), **_SM80), "NVIDIA A100-SXM4-80GB",
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+               "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "h100": GpuFamily("h100", ("h100-sxm", "h100"), dict(
+        core_count=132, clock_rate_ghz=1.98, l2_cache_size=50 * 2**20, device_memory_size=80 * 10**9,
+        memory_bandwidth=3350 * 10**9, cc=(9, 0), **_SM90), "NVIDIA H100 80GB HBM3",
+        source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "h200": GpuFamily("h200", ("h200", "h200-sxm"), dict(
+        core_count=132, clock_rate_ghz=1.98, l2_cache_size=50 * 2**20, device_memory_size=141 * 10**9,
+        memory_bandwidth=4800 * 10**9, cc=(9, 0), **_SM90), "NVIDIA H200",
+        source="https://www.nvidia.com/en-us/data-center/h200/"),
+    "b200": GpuFamily("b200", ("b200", "b200-sxm"), dict(
+        core_count=148, clock_rate_ghz=1.965, l2_cache_size=126 * 2**20, device_memory_size=180 * 10**9,
+        memory_bandwidth=8000 * 10**9, cc=(10, 0), **_SM90), "NVIDIA B200",
+        source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet"),
 }
+
+
+def gpu_target_config(family: str) -> str:
+    """An XLA GpuTargetConfig (text proto) for deviceless XLA:GPU compilation of `family`."""
+    g = GPU_FAMILIES[family]
+    i = dict(g.device_info)
+    major, minor = i.pop("cc")
+    fields = dict(threads_per_block_limit=1024, threads_per_warp=32, shared_memory_per_block=49152,
+                  threads_per_core_limit=2048, block_dim_limit_x=2147483647, block_dim_limit_y=65535,
+                  block_dim_limit_z=65535, registers_per_core_limit=65536, registers_per_block_limit=65536, **i)
+    body = "\n".join(f"  {k}: {v}" for k, v in fields.items())
+    return (f"gpu_device_info {{\n{body}\n  cuda_compute_capability {{ major: {major} minor: {minor} }}\n}}\n"
+            f'platform_name: "CUDA"\ndnn_version_info {{ major: 9 minor: 8 }}\n'
+            f"runtime_version {{ major: 12 minor: 8 }}\n"
+            f'device_description_str: "{g.description}"\n')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +136,6 @@ class Target:
         return f"{TPU_FAMILIES[self.family].libtpu_name}:{'x'.join(map(str, self.shape))}"
 
     @property
-    def simulated(self) -> bool:
-        """True when the program is compiled for simulated CPU devices standing in for the target (GPU nodes)."""
-        return self.kind == "gpu"
-
-    @property
     def n_nodes(self) -> int:
         return self.shape[0] if self.kind == "gpu" else 1
 
@@ -112,8 +144,7 @@ class Target:
             fam = TPU_FAMILIES[self.family]
             return (f"{self.n_chips} TPU {self.family} chips, {'x'.join(map(str, self.shape))} "
                     f"{fam.dims}D torus, compiled by libtpu for compile-only devices")
-        return (f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}), compiled for "
-                f"{self.n_chips} simulated CPU devices")
+        return f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}, NVLink inside a node)"
 
 
 def known_targets() -> list[str]:
@@ -214,6 +245,9 @@ def require_libtpu() -> None:
 def _quiet_libtpu_env(target: Target) -> None:
     """libtpu looks for a TPU VM's metadata at load; on a CPU host tell it there is none (only if the user did not)."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # libtpu takes /tmp/libtpu_lockfile so that one process owns the TPU chips; compile-only topologies own no chips,
+    # so several workbench processes (a planner, a test run) may load it side by side
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     accel = {"v5e": "v5litepod", "v6e": "v6e", "v4": "v4", "v5p": "v5p"}[target.family]
     cores = target.n_chips * (2 if target.family in ("v4", "v5p") else 1)
@@ -258,14 +292,63 @@ def tpu_devices(target_name: str) -> tuple:
     return devices
 
 
-def target_devices(target: Target) -> list:
+GPU_COMPILERS = ("auto", "xla-gpu", "cpu-sim")
+
+
+def gpu_compiler_available() -> bool:
+    """True when a JAX CUDA plugin is importable: XLA:GPU can then compile for a GPU topology with no GPU attached."""
+    return any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") is not None for v in (12, 13)) \
+        if importlib.util.find_spec("jax_plugins") is not None else False
+
+
+def gpu_compiler_for(target: Target, choice: str = "auto") -> str:
+    """'xla-gpu' (deviceless XLA:GPU compile) or 'cpu-sim' (the program compiled for simulated CPU devices)."""
+    if choice not in GPU_COMPILERS:
+        raise WorkbenchError(f"unknown --gpu-compiler {choice!r}; choose one of {', '.join(GPU_COMPILERS)}")
+    if target.kind != "gpu":
+        return "libtpu"
+    if choice == "auto":
+        return "xla-gpu" if gpu_compiler_available() else "cpu-sim"
+    if choice == "xla-gpu" and not gpu_compiler_available():
+        raise WorkbenchError("--gpu-compiler xla-gpu needs the JAX CUDA plugin matching this jaxlib; install it with "
+                             "`.venv/bin/pip install --no-deps jax-cuda12-plugin==VERSION jax-cuda12-pjrt==VERSION` "
+                             "(VERSION = jaxlib's) or use --gpu-compiler cpu-sim (see docs/targets.md)")
+    return choice
+
+
+@functools.lru_cache(maxsize=None)
+def xla_gpu_devices(target_name: str) -> tuple:
+    """Compile-only devices of XLA:GPU for a GPU node (no GPU needed; JAX CUDA plugin required)."""
+    target = parse_target(target_name)
+    from workbench.devices import default_platform
+
+    default_platform()
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(target.family),
+                                            topology=f"1x{target.shape[0]}x{target.shape[1]}")
+    except Exception as e:  # noqa: BLE001 - the plugin's words, one line
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WorkbenchError(f"XLA:GPU could not make a deviceless {target.name} topology: {msg}; "
+                             "use --gpu-compiler cpu-sim") from None
+    devices = tuple(topo.devices)
+    if len(devices) != target.n_chips:
+        raise WorkbenchError(f"XLA:GPU made {len(devices)} devices for {target.name}, expected {target.n_chips}")
+    return devices
+
+
+def target_devices(target: Target, gpu_compiler: str = "auto") -> list:
     """The devices a program for `target` is compiled for.
 
-    TPU: libtpu's compile-only devices. GPU: simulated CPU devices of the same count (the caller must have called
+    TPU: libtpu's compile-only devices. GPU with the JAX CUDA plugin installed: XLA:GPU compile-only devices.
+    GPU otherwise: simulated CPU devices of the same count (the caller must have called
     workbench.devices.request_devices(target.n_chips) before JAX started; a mismatch is a one-line error).
     """
     if target.kind == "tpu":
         return list(tpu_devices(target.name))
+    if gpu_compiler_for(target, gpu_compiler) == "xla-gpu":
+        return list(xla_gpu_devices(target.name))
     import jax
 
     from workbench.devices import request_devices

@@ -31,7 +31,7 @@ def test_parse_target(text, name, kind, n):
 
 def test_gpu_nodes():
     t = topo.parse_target("h100:16")
-    assert t.shape == (2, 8) and t.n_nodes == 2 and t.simulated
+    assert t.shape == (2, 8) and t.n_nodes == 2 and t.kind == "gpu"
 
 
 @pytest.mark.parametrize("text,words", [
@@ -113,7 +113,20 @@ def test_device_grid_rejects_wrong_size():
 
 
 def test_gpu_target_devices_are_the_simulated_cpus():
-    devs = topo.target_devices(topo.parse_target("h100:8"))
+    devs = topo.target_devices(topo.parse_target("h100:8"), gpu_compiler="cpu-sim")
     assert len(devs) == 8 and devs[0].platform == "cpu"
     with pytest.raises(WorkbenchError, match="needs 4 simulated CPU devices|too late"):
-        topo.target_devices(topo.parse_target("h100:4"))
+        topo.target_devices(topo.parse_target("h100:4"), gpu_compiler="cpu-sim")
+    with pytest.raises(WorkbenchError, match="unknown --gpu-compiler"):
+        topo.gpu_compiler_for(topo.parse_target("h100:8"), "nvcc")
+
+
+def test_gpu_target_config_is_a_text_proto():
+    cfg = topo.gpu_target_config("h100")
+    assert "core_count: 132" in cfg and "major: 9" in cfg and 'platform_name: "CUDA"' in cfg
+
+
+@pytest.mark.skipif(not topo.gpu_compiler_available(), reason="JAX CUDA plugin not installed (optional, docs/targets.md)")
+def test_xla_gpu_deviceless_devices():
+    devs = topo.target_devices(topo.parse_target("h100:8"), gpu_compiler="xla-gpu")
+    assert len(devs) == 8 and "H100" in devs[0].device_kind

@@ -43,7 +43,7 @@ class PredictSpec:
     batch: int | None = None         # global batch (sequences); None: 4 per chip... see default_batch
     seq: int | None = None           # tokens per sequence (decode: the KV-cache length); None: preset's seq_len
     mode: str = "train"
-    remat: str | None = None         # none | per-layer; None: the preset's
+    remat: str = "auto"              # none | per-layer | auto (the preset's; per-layer when that does not fit)
     microbatches: int = 1
     policy: str = "bf16"
     overrides: str | None = None     # model config overrides 'k=v,k=v'
@@ -202,7 +202,7 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
         raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     target = topo.parse_target(spec.target)
     cfg = get_config(spec.preset, spec.overrides)
-    if spec.remat is not None:
+    if spec.remat not in ("auto", None):
         cfg = cfg.replace(remat=spec.remat)
     notes: list[str] = []
     seq = spec.seq if spec.seq is not None else cfg.seq_len
@@ -357,7 +357,9 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "build_and_lower_s": lw.lower_s, "compile_s": compile_s,
     }
     if lw.lowered is None:  # the pre-check decided
-        out.update(fits=False, memory_per_device_bytes=lw.state_bytes_per_device, overshoot_bytes=(
+        out.update(fits=False, memory_per_device_bytes=lw.state_bytes_per_device,
+                   memory_source="parameters + optimizer state summed from shard shapes (a lower bound)",
+                   overshoot_bytes=(
             lw.state_bytes_per_device - hw.hbm_bytes), compiled=False, flops_per_device=None, collectives={},
             predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
             reason=(f"parameters and optimizer state alone need {_gib(lw.state_bytes_per_device)} per device "
@@ -368,6 +370,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
     if error is not None:
         over = _overshoot_from_words(error)
         out.update(fits=False, compiled=False, memory_per_device_bytes=over[0] if over else None,
+                   memory_source="the compiler's out-of-memory message" if over else None,
                    overshoot_bytes=(over[0] - over[1]) if over else None, flops_per_device=None, collectives={},
                    predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
                    reason=f"the {target.kind.upper()} compiler ran out of memory: {error}")
@@ -407,7 +410,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                      "compiler counted fewer FLOPs than the model convention): the floor is the prediction")
     out.update(
         fits=bool(fits), compiled=True,
-        memory_per_device_bytes=mem,
+        memory_per_device_bytes=mem, memory_source="memory_analysis of the compiled program",
         memory_breakdown={"argument_bytes": cost.argument_bytes, "output_bytes": cost.output_bytes,
                           "temp_bytes": cost.temp_bytes, "alias_bytes": cost.alias_bytes,
                           "generated_code_bytes": cost.generated_code_bytes},
@@ -490,15 +493,37 @@ def _overshoot_from_words(words: str) -> tuple[float, float] | None:
 # ----------------------------------------------------------------------------------------------- entry points
 
 
-def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> dict:
-    """Compile `spec` for its target and predict one step. Returns the JSON-ready record body (also stored)."""
+def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> dict:
+    """Lower, compile and predict one spec exactly as given (no automatic remat)."""
     lw = lower(spec, precheck=not compile_anyway)
     compiled, cs, err = (None, None, None)
     if lw.lowered is not None:
         compiled, cs, err = compile_lowered(lw)
-    body = predict_lowered(lw, compiled, cs, err)
+    return predict_lowered(lw, compiled, cs, err)
+
+
+def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> dict:
+    """Compile `spec` for its target and predict one step. Returns the JSON-ready record body (also stored).
+
+    remat='auto' (train): the preset's rematerialization first; when the compiler runs out of memory with none,
+    per-layer rematerialization is compiled too and becomes the answer; the record keeps what the first try said.
+    """
+    body = predict_once(spec, compile_anyway=compile_anyway)
     if store:
         record(body, spec, kind="predict")
+    if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
+            and body.get("compile_s") is not None and body["remat"] == "none"):
+        first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
+        second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
+        second["remat_auto"] = {"tried_first": "none", **first,
+                                "chosen": "per-layer", "why": "without rematerialization the program does not fit"}
+        if store:
+            record(second, dataclasses.replace(spec, remat="per-layer"), kind="predict")
+        body = second
+    elif spec.remat in ("auto", None):
+        body["remat_auto"] = {"chosen": body["remat"], "why": "the preset's setting" + (
+            "" if body["fits"] or body["remat"] != "none" else "; per-layer remat cannot help: the state alone "
+            "does not fit")}
     return public(body)
 
 

@@ -49,6 +49,9 @@ def summary_rows(r: dict) -> list[dict]:
             rows.append({"field": label, "value": fmt(float(r[k]))})
     for kind, v in (r.get("collectives") or {}).items():
         rows.append({"field": f"  {kind}", "value": f"{int(v['count'])}× {v['bytes'] / 2**20:.3g} MiB"})
+    if r.get("remat_auto", {}).get("tried_first"):
+        ra = r["remat_auto"]
+        rows.append({"field": "remat auto", "value": f"none did not fit ({ra.get('reason')}); per-layer chosen"})
     if r.get("bottleneck"):
         rows.append({"field": "bottleneck", "value": r["bottleneck"]})
     return rows
@@ -65,7 +68,8 @@ def register(app: typer.Typer) -> None:
         batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
         mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
-        remat: Optional[str] = typer.Option(None, "--remat", help="none | per-layer (default: the preset's)"),
+        remat: str = typer.Option("auto", "--remat", help="none | per-layer | auto (the preset's; per-layer when "
+                                                          "that does not fit)"),
         microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step"),
         policy: str = typer.Option("bf16", "--policy", help="precision policy (bf16, float32, ...)"),
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),

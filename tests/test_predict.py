@@ -1,0 +1,124 @@
+"""workbench.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
+floor; memory that cannot fit is reported (pre-check and compiler), never a crash."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from partitioning import topology as topo
+from workbench import predict as wp
+from workbench.errors import WorkbenchError
+
+needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(batch=6), "not divisible by the data axes"),
+    (dict(batch=8, microbatches=3), "does not divide the per-shard batch"),
+    (dict(mode="serve"), "unknown mode"),
+    (dict(seq=128), "learned position table"),
+    (dict(mesh="data=2,model=4"), "has 4 chips"),
+    (dict(mesh="dat=4"), "unknown mesh axis"),
+    (dict(strategy="zero9"), "unknown strategy"),
+    (dict(target="tpu-v5e:3x3"), "does not come in a 3x3"),
+    (dict(preset="gpt5"), "unknown model preset"),
+    (dict(strategy="ep"), "mixture-of-experts"),
+])
+def test_bad_input_is_one_line(kw, words):
+    spec = wp.PredictSpec(**{**dict(preset="tiny", target="tpu-v5e:2x2", strategy="fsdp"), **kw})
+    with pytest.raises(WorkbenchError) as e:
+        wp.prepare(spec)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_defaults():
+    from models.presets import get_config
+
+    cfg = get_config("small")
+    assert wp.default_mesh("fsdp", 16, cfg) == {"data": 16}
+    assert wp.default_mesh("tp", 16, cfg) == {"data": 2, "model": 8}  # small: 8 heads
+    assert wp.default_mesh("fsdp+tp", 4, get_config("tiny")) == {"data": 1, "model": 4}
+    assert wp.batch_axes("ep", {"data": 2, "expert": 4}) == 8
+    target, cfg, axes, batch, seq, _ = wp.prepare(wp.PredictSpec("small", "tpu-v5e:4x4", "fsdp"))
+    assert (axes, batch, seq) == ({"data": 16}, 64, 256)
+
+
+def test_compiler_words_give_the_overshoot():
+    need, have = wp._overshoot_from_words(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (24.00G) "
+        "exceeds available HBM (15.75G).")
+    assert (need, have) == (24 * 2**30, 15.75 * 2**30)
+    assert wp._overshoot_from_words("something else") is None
+
+
+def test_precheck_skips_the_compile_when_the_state_alone_overflows(results_dir):
+    # ~1.6e9 parameters replicated by dp: 16 B/param of state is ~26 GB per chip > 16 GB
+    spec = wp.PredictSpec("tiny", "tpu-v5e:2x2", "dp", batch=4, overrides="d_model=8192,d_ff=32768,n_heads=64")
+    if not topo.libtpu_available():
+        pytest.skip("libtpu not installed")
+    r = wp.predict(spec)
+    assert r["fits"] is False and r["compiled"] is False and r["compile_s"] is None
+    from models.analytics import analytics
+
+    n = analytics(wp.prepare(spec)[1])["params_total"]
+    # float32 params + AdamW m and v (12 B/param), replicated: the shard-shape sum is that, plus a few scalars
+    assert 12 * n <= r["state_bytes_per_device"] <= 12 * n + 1024
+    assert "not compiled" in r["reason"]
+    from workbench.results import Store
+
+    assert Store().records("predict")[-1]["extra"]["fits"] is False
+
+
+@needs_libtpu
+def test_resource_exhausted_compile_is_an_answer():
+    """The TPU compiler's out-of-memory is fits=false with its words and the overshoot, not a crash."""
+    t = topo.parse_target("tpu-v5e:2x2")
+    devs = topo.target_devices(t)
+    mesh = Mesh(np.array(devs).reshape(4), ("data",), axis_types=(AxisType.Auto,))
+    x = jax.ShapeDtypeStruct((4 * 65536, 32768), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    lowered = jax.jit(lambda a: (a * 2, a + 1)).lower(x)  # 8 GiB in, 16 GiB out per chip
+    lw = wp.Lowered(wp.PredictSpec("tiny", t.name, "dp"), t, __import__("models.presets").presets.get_config("tiny"),
+                    mesh, {"data": 4}, 4, 64, "libtpu", lowered, 0.0, 0.0, 0.0, [])
+    compiled, secs, words = wp.compile_lowered(lw)
+    assert compiled is None and "RESOURCE_EXHAUSTED" in words
+    body = wp.predict_lowered(lw, None, secs, words)
+    assert body["fits"] is False and body["overshoot_bytes"] > 0 and "ran out of memory" in body["reason"]
+
+
+def _check_prediction(r):
+    assert r["fits"] is True and r["compiled"] is True
+    assert r["memory_per_device_bytes"] >= r["input_bytes_per_device"] - r["memory_breakdown"]["alias_bytes"]
+    assert r["predicted_step_s"] >= r["analytic_floor_s"] > 0
+    assert r["predicted_mfu"] == pytest.approx(r["analytic_floor_s"] / r["predicted_step_s"])
+    # the compiled per-device flops, summed over chips, cover the model's FLOPs (allowing the convention's full
+    # attention term the causal program may skip) and do not repeat them many times over
+    assert 0.8 <= r["replication"] <= 2.0, r["replication"]
+    assert r["collectives"] and all(v["bytes"] > 0 for v in r["collectives"].values())
+    assert set(r["explain"]) >= {"compute_s", "memory_s", "comm_s", "analytic_floor_s", "predicted_mfu"}
+
+
+@needs_libtpu
+@pytest.mark.compile_heavy
+@pytest.mark.parametrize("target,kind", [("tpu-v5e:2x2", "TPU v5 lite"), ("tpu-v4:2x2x1", "TPU v4")])
+def test_tiny_compiles_for_tpu_topologies(target, kind, results_dir):
+    r = wp.predict(wp.PredictSpec("tiny", target, "fsdp", batch=8))
+    _check_prediction(r)
+    assert r["compiler"] == "libtpu" and r["chip"].startswith("tpu-")
+    assert any(k.startswith(("all-gather", "reduce-scatter", "all-reduce")) for k in r["collectives"])
+    rec = __import__("workbench.results").results.Store().records("predict")[-1]
+    assert rec["spec"]["target"] == target and rec["costs"]["scope"] == "per_device"
+    assert rec["prediction"]["target"] == r["chip"]
+
+
+@pytest.mark.compile_heavy
+def test_tiny_on_a_gpu_node_compiled_for_simulated_cpus(results_dir):
+    r = wp.predict(wp.PredictSpec("tiny", "h100:8", "fsdp+tp", mesh="data=2,model=4", batch=8,
+                                  gpu_compiler="cpu-sim"))
+    _check_prediction(r)
+    assert r["compiler"] == "xla-cpu" and r["chip"] == "h100-sxm"
+    assert any("simulated CPU devices" in n for n in r["notes"])
+    assert any(k.endswith("@model") for k in r["collectives"])  # tensor parallelism exchanges activations
