@@ -144,7 +144,8 @@ class Target:
             fam = TPU_FAMILIES[self.family]
             return (f"{self.n_chips} TPU {self.family} chips, {'x'.join(map(str, self.shape))} "
                     f"{fam.dims}D torus, compiled by libtpu for compile-only devices")
-        return f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}, NVLink inside a node)"
+        return (f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}, "
+                "NVLink inside a node)")
 
 
 def known_targets() -> list[str]:
@@ -173,7 +174,8 @@ def parse_target(text: str) -> Target:
                 raise WorkbenchError(
                     f"target {text!r} gives a size but not a topology; write the slice shape, e.g. "
                     f"tpu-{chip}:{'4x4' if fam.dims == 2 else '2x2x2'}")
-            raise WorkbenchError(f"target {text!r} needs a topology; e.g. tpu-{chip}:{'2x2' if fam.dims == 2 else '2x2x1'}")
+            raise WorkbenchError(f"target {text!r} needs a topology; "
+                                 f"e.g. tpu-{chip}:{'2x2' if fam.dims == 2 else '2x2x1'}")
         shape = _parse_shape(shape_s, text)
         if len(shape) != fam.dims:
             example = "4x4" if fam.dims == 2 else "2x2x2"
@@ -195,7 +197,8 @@ def parse_target(text: str) -> Target:
     if chip in GPU_FAMILIES:
         fam = GPU_FAMILIES[chip]
         if shape_s is None and count is None:
-            raise WorkbenchError(f"target {text!r} needs a GPU count; e.g. {chip}:8 (one node) or {chip}:16 (two nodes)")
+            raise WorkbenchError(f"target {text!r} needs a GPU count; "
+                                 f"e.g. {chip}:8 (one node) or {chip}:16 (two nodes)")
         s = _parse_shape(shape_s or count, text)
         if len(s) == 1:
             n = s[0]
@@ -215,7 +218,8 @@ def parse_target(text: str) -> Target:
         return Target(f"{chip}:{shape[0] * shape[1]}" if shape[0] == 1 or shape[1] == fam.gpus_per_node
                       else f"{chip}:{shape[0]}x{shape[1]}", "gpu", chip, shape, fam.spec_names)
     raise WorkbenchError(f"unknown chip {m.group('chip')!r} in target {text!r}; known: "
-                         f"{', '.join(sorted(TPU_FAMILIES) + sorted(GPU_FAMILIES))} (e.g. {', '.join(known_targets())})")
+                         f"{', '.join(sorted(TPU_FAMILIES) + sorted(GPU_FAMILIES))} "
+                         f"(e.g. {', '.join(known_targets())})")
 
 
 def _parse_shape(s: str, text: str) -> tuple[int, ...]:
@@ -251,7 +255,8 @@ def _quiet_libtpu_env(target: Target) -> None:
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     accel = {"v5e": "v5litepod", "v6e": "v6e", "v4": "v4", "v5p": "v5p"}[target.family]
     cores = target.n_chips * (2 if target.family in ("v4", "v5p") else 1)
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{accel}-{cores if target.family in ('v4', 'v5p') else target.n_chips}")
+    size = cores if target.family in ("v4", "v5p") else target.n_chips  # v4/v5p names count TensorCores
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{accel}-{size}")
 
 
 def _host_bounds(target: Target) -> tuple[int, int, int]:

@@ -126,7 +126,8 @@ def test_gpu_target_config_is_a_text_proto():
     assert "core_count: 132" in cfg and "major: 9" in cfg and 'platform_name: "CUDA"' in cfg
 
 
-@pytest.mark.skipif(not topo.gpu_compiler_available(), reason="JAX CUDA plugin not installed (optional, docs/targets.md)")
+@pytest.mark.skipif(not topo.gpu_compiler_available(),
+                    reason="JAX CUDA plugin not installed (optional, docs/targets.md)")
 def test_xla_gpu_deviceless_devices():
     devs = topo.target_devices(topo.parse_target("h100:8"), gpu_compiler="xla-gpu")
     assert len(devs) == 8 and "H100" in devs[0].device_kind

@@ -78,7 +78,7 @@ def default_mesh(strategy: str, n: int, cfg) -> dict[str, int]:
         return {"data": n // s, "seq": s}
     if strategy == "ep":
         if not cfg.is_moe:
-            raise WorkbenchError(f"strategy ep needs a mixture-of-experts model; this preset is dense (n_experts=0). "
+            raise WorkbenchError("strategy ep needs a mixture-of-experts model; this preset is dense (n_experts=0). "
                                  "Choose mixtral-8x7b or --set n_experts=8")
         e = math.gcd(n, cfg.n_experts)
         return {"data": n // e, "expert": e}

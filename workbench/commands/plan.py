@@ -9,7 +9,25 @@ from typing import Optional
 
 import typer
 
-from workbench.commands._common import _stderr_console, emit_json, fmt, print_table
+from workbench.commands._common import _stderr_console, emit_json, fmt
+
+
+def table(rows: list[dict], title: str) -> None:
+    """The ranking as a rich table on stdout, wide enough to read when stdout is not a terminal."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        print("(no feasible candidate)")
+        return
+    t = Table(title=title)
+    for c in rows[0]:
+        t.add_column(c, no_wrap=True)
+    for r in rows:
+        t.add_row(*[fmt(v) for v in r.values()])
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
 
 
 def register(app: typer.Typer) -> None:
@@ -58,7 +76,7 @@ def register(app: typer.Typer) -> None:
                  "mb": x["microbatches"], "step s": x["predicted_step_s"], "MFU": x["predicted_mfu"],
                  "GiB/dev": x["memory_per_device_bytes"] / 2**30, "bound": x["bound"],
                  "comm s": x["comm_s"], "cached": "yes" if x["cached"] else ""} for x in r["ranking"][:top]]
-        print_table(rows, title=f"workbench plan · {preset} on {tgt.name} · batch {r['batch']} × seq {r['seq']}")
+        table(rows, f"workbench plan · {preset} on {tgt.name} · batch {r['batch']} × seq {r['seq']}")
         print(f"{r['n_feasible']} feasible of {r['candidates_tried']} tried ({r['candidates_enumerated']} enumerated; "
               f"{r['n_does_not_fit']} do not fit, {r['n_invalid']} invalid) in {fmt(r['elapsed_s'])}s "
               f"with {r['workers']} workers")
