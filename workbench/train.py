@@ -5,8 +5,9 @@
     compiled = step.lower(state, batch).compile()
     state, metrics = step(state, batch)         # state is donated
 
-State: {'params': nnx.State (float32 master weights), 'rest': nnx.State (non-parameter variables, e.g. fp8 scales,
-router biases), 'opt': optax state (AdamW moments sharded like their parameters), 'step': int32}.
+State: {'params': nnx.State (float32 master weights), 'gmeta': nnx.State (fp8 gradient-scaling state, differentiated:
+its "gradient" is its new value; empty for other policies), 'rest': nnx.State (other variables, e.g. fp8 forward
+scales, router biases), 'opt': optax state (AdamW moments sharded like their parameters), 'step': int32}.
 Optimizer: optax AdamW (b1 0.9, b2 0.95, weight decay on matrices only) after global-norm clipping, warm-up + cosine.
 Activations are pinned through partitioning.shard.activation_sharding while the step is traced; the mesh is also
 in context as an abstract mesh (jax.sharding.get_abstract_mesh) for layers that shard_map (models/moe.py).
@@ -60,6 +61,21 @@ def default_precision() -> str:
 
 
 # ------------------------------------------------------------------------------------------------- the step
+class _NoVariable(nnx.Variable):
+    """Matches nothing: the gradient-meta filter for policies without differentiated scaling state."""
+
+
+def _grad_meta_filter(policy):
+    """Variables differentiated alongside the parameters whose 'gradient' is their new value (fp8 delayed scaling
+    of gradients, models/quant.py's Fp8GradMeta); a filter that matches nothing otherwise."""
+    try:
+        from models import quant
+    except ModuleNotFoundError:
+        return _NoVariable
+    wrt = quant.grad_wrt(policy) if hasattr(quant, "grad_wrt") else nnx.Param
+    return quant.Fp8GradMeta if (wrt is not nnx.Param and hasattr(quant, "Fp8GradMeta")) else _NoVariable
+
+
 def cross_entropy(logits_btv, targets_bt):
     """Mean next-token cross-entropy in float32 (nats)."""
     return optax.softmax_cross_entropy_with_integer_labels(logits_btv.astype(jnp.float32), targets_bt).mean()
@@ -72,7 +88,9 @@ class TrainProgram:
     step: Any  # jitted (state, batch) -> (state, metrics), state donated
     state: Any  # sharded state (abstract ShapeDtypeStructs with shardings when abstract=True)
     batch: Any  # {'inputs', 'targets'}: (B, T) int32, sharded over the data axis
-    eval_step: Any  # jitted (params, rest, batch) -> mean loss
+    eval_step: Any  # jitted (params, gmeta, rest, batch) -> mean loss
+    grads: Any  # jitted (params, gmeta, rest, batch) -> (loss, grads): the step's loss and gradients (no update;
+    #            scaled by the loss scale for fp16 policies)
     init: Any  # jitted () -> state (sharded)
     state_shardings: Any
     batch_sharding: Any
@@ -124,58 +142,66 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
                         clip_norm=clip_norm)
     loss_scaling = policy.loss_scaling
 
+    gm = _grad_meta_filter(policy)  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
+
     def init_fn():
         model = Transformer(cfg, policy, nnx.Rngs(seed))
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        state = {"params": params, "rest": rest, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+        _, params, gmeta, rest = nnx.split(model, nnx.Param, gm, ...)
+        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": tx.init(params),
+                 "step": jnp.zeros((), jnp.int32)}
         if loss_scaling is not None:
             state["loss_scale"] = loss_scaling.init()
         return state
 
     abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(seed)))
-    graphdef = nnx.split(abs_model, nnx.Param, ...)[0]
+    graphdef = nnx.split(abs_model, nnx.Param, gm, ...)[0]
     abs_state = jax.eval_shape(init_fn)
     shardings = state_shardings(abs_state, mesh, rules)  # divisibility errors name the parameter
     abs_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
                  for k in ("inputs", "targets")}
 
-    def forward_loss(params, rest, batch, ls_state):
-        model = nnx.merge(graphdef, params, rest)
+    def forward_loss(params, gmeta, rest, batch, ls_state):
+        model = nnx.merge(graphdef, params, gmeta, rest)
         logits_btv, aux = model(batch["inputs"])
         loss = cross_entropy(logits_btv, batch["targets"])
         total = loss + aux.get("loss", 0.0)
-        new_rest = nnx.split(model, nnx.Param, ...)[2]
+        new_rest = nnx.split(model, nnx.Param, gm, ...)[3]
         if loss_scaling is not None:
             total = loss_scaling.scale(total, ls_state)
         return total, (loss, aux, new_rest)
 
-    grad_fn = jax.value_and_grad(forward_loss, has_aux=True)
+    grad_fn = jax.value_and_grad(forward_loss, argnums=(0, 1), has_aux=True)
 
-    def loss_and_grads(params, rest, batch, ls_state):
+    def loss_and_grads(params, gmeta, rest, batch, ls_state):
+        """-> (loss, aux, new rest, parameter grads, new gmeta); microbatches accumulate (mean) in a scan."""
         if microbatches == 1:
-            (_, (loss, aux, rest)), grads = grad_fn(params, rest, batch, ls_state)
-            return loss, aux, rest, grads
+            (_, (loss, aux, rest)), (grads, gmeta) = grad_fn(params, gmeta, rest, batch, ls_state)
+            return loss, aux, rest, grads, gmeta
         mbs = {k: constrain(v.reshape(microbatches, mb_size, seq_len), (None, "batch", "seq"), f"microbatched {k}")
                for k, v in batch.items()}
 
         def body(carry, mb):
-            g_acc, l_acc, a_acc, rest = carry
-            (_, (loss, aux, rest)), g = grad_fn(params, rest, mb, ls_state)
+            g_acc, m_acc, l_acc, a_acc, rest = carry
+            (_, (loss, aux, rest)), (g, m) = grad_fn(params, gmeta, rest, mb, ls_state)
             g_acc = jax.tree.map(jnp.add, g_acc, g)
+            m_acc = jax.tree.map(jnp.add, m_acc, m)
             a_acc = {k: a_acc[k] + aux[k] for k in a_acc}
-            return (g_acc, l_acc + loss, a_acc, rest), None
+            return (g_acc, m_acc, l_acc + loss, a_acc, rest), None
 
-        aux_shape = jax.eval_shape(lambda: grad_fn(params, rest, jax.tree.map(lambda x: x[0], mbs), ls_state))[0][1][1]
-        zeros_aux = {k: jnp.zeros((), jnp.float32) for k in aux_shape}
-        g0 = jax.tree.map(jnp.zeros_like, params)
-        (g, l, a, rest), _ = jax.lax.scan(body, (g0, jnp.zeros((), jnp.float32), zeros_aux, rest), mbs)
-        inv = 1.0 / microbatches
-        return l * inv, {k: v * inv for k, v in a.items()}, rest, jax.tree.map(lambda x: x * inv, g)
+        first = jax.tree.map(lambda x: x[0], mbs)
+        aux_shape = jax.eval_shape(lambda: grad_fn(params, gmeta, rest, first, ls_state))[0][1][1]
+        zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+        carry = (zeros(params), zeros(gmeta), jnp.zeros((), jnp.float32),
+                 {k: jnp.zeros((), jnp.float32) for k in aux_shape}, rest)
+        (g, m, l, a, rest), _ = jax.lax.scan(body, carry, mbs)
+        mean = lambda t: jax.tree.map(lambda x: x / microbatches, t)
+        return l / microbatches, mean(a), rest, mean(g), mean(m)
 
     def train_step(state, batch):
         with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             ls_state = state.get("loss_scale")
-            loss, aux, rest, grads = loss_and_grads(state["params"], state["rest"], batch, ls_state)
+            loss, aux, rest, grads, gmeta = loss_and_grads(state["params"], state["gmeta"], state["rest"], batch,
+                                                           ls_state)
             new_state = dict(state)
             finite = None
             if loss_scaling is not None:
@@ -185,27 +211,37 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
             if finite is not None:  # fp16 overflow: skip the update, keep the old state
                 keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
                 params, opt = keep(params, state["params"]), keep(opt, state["opt"])
-            new_state.update(params=params, rest=rest, opt=opt, step=state["step"] + 1)
+            new_state.update(params=params, gmeta=gmeta, rest=rest, opt=opt, step=state["step"] + 1)
             metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
             return new_state, metrics
 
-    def eval_step(params, rest, batch):
+    def eval_step(params, gmeta, rest, batch):
         with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            model = nnx.merge(graphdef, params, rest)
+            model = nnx.merge(graphdef, params, gmeta, rest)
             logits_btv, _ = model(batch["inputs"])
             return cross_entropy(logits_btv, batch["targets"])
+
+    def grads_only(params, gmeta, rest, batch):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            ls_state = loss_scaling.init() if loss_scaling is not None else None
+            loss, _, _, grads, _ = loss_and_grads(params, gmeta, rest, batch, ls_state)
+            return loss, grads
 
     step = jax.jit(train_step, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                    donate_argnums=0)
     init = jax.jit(init_fn, out_shardings=shardings)
-    evaluate = jax.jit(eval_step, in_shardings=(shardings["params"], shardings["rest"], batch_sharding))
+    evaluate = jax.jit(eval_step, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                                 batch_sharding))
+    grads = jax.jit(grads_only, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                              batch_sharding),
+                    out_shardings=(None, shardings["params"]))
     if abstract:
         state, batch = _abstract_with(abs_state, shardings), abs_batch
     else:
         state = init()
         batch = {k: jax.device_put(np.zeros((batch_size, seq_len), np.int32), batch_sharding)
                  for k in ("inputs", "targets")}
-    return TrainProgram(step, state, batch, evaluate, init, shardings, batch_sharding, mesh, rules, policy, cfg,
+    return TrainProgram(step, state, batch, evaluate, grads, init, shardings, batch_sharding, mesh, rules, policy, cfg,
                         graphdef, tx, batch_size, seq_len, microbatches)
 
 
@@ -273,7 +309,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     val_batches = [shard_batch(batches.val(i), prog.batch_sharding) for i in range(eval_batches)]
 
     def evaluate():
-        vals = [prog.eval_step(state["params"], state["rest"], b) for b in val_batches]
+        vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
         return float(np.mean([float(v) for v in vals]))
 
     eval_every = eval_every or max(steps // 4, 1)
