@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -239,7 +239,7 @@ def combine(y_ecd, expert_tk, position_tk, keep_tk, weight_tk):
 
 
 def sort_by_expert(expert_tk, n_experts: int):
-    """Dropless permutation: assignment order sorted by expert (stable). Returns (order, token_of_row, group_sizes_e)."""
+    """Dropless permutation: assignments sorted by expert (stable). Returns (order, token_of_row, group_sizes_e)."""
     T, K = expert_tk.shape
     flat = expert_tk.reshape(T * K)
     order = jnp.argsort(flat, stable=True)  # row r of the sorted layout is assignment order[r]
@@ -305,6 +305,7 @@ class MoEOptions:
     renormalize: bool | None = None  # None: k > 1
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.0
+    skip_experts: bool = False  # cost attribution only: experts replaced by the identity (routing + permute remain)
 
 
 def options_from_config(cfg) -> MoEOptions:
@@ -344,20 +345,30 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
         route, sums = route_group(logits_te, opt, None, bias_e)
         order, token_r, group_sizes = sort_by_expert(route["expert_tk"], E)
         expert_r = route["expert_tk"].reshape(-1)[order]
-        y_rd = experts_ragged(params, x_td[token_r], group_sizes, expert_r, opt.mlp, compute_dtype)
-        y_rd = _add_out_bias(params, y_rd, expert_r)
+        x_rd = x_td[token_r]
+        if opt.skip_experts:
+            y_rd = x_rd
+        else:
+            y_rd = experts_ragged(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype)
+            y_rd = _add_out_bias(params, y_rd, expert_r)
         return unsort_combine(y_rd, order, route["weight_tk"]), sums
     C = expert_capacity(T, E, opt.top_k, opt.capacity_factor)
     route, sums = route_group(logits_te, opt, C, bias_e)
     if opt.router == "expert-choice":
         x_ecd = x_td[route["token_ec"]]
-        y_ecd = _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+        y_ecd = _experts_or_identity(params, x_ecd, opt, dot)
         y_td = jnp.zeros((T, x_td.shape[-1]), jnp.float32).at[route["token_ec"].reshape(-1)].add(
             (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, -1))
         return y_td, sums
     x_ecd = dispatch(x_td, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
-    y_ecd = _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+    y_ecd = _experts_or_identity(params, x_ecd, opt, dot)
     return combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"]), sums
+
+
+def _experts_or_identity(params, x_ecd, opt: MoEOptions, dot):
+    if opt.skip_experts:
+        return x_ecd
+    return _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
 
 
 def _add_out_bias(params, y_rd, expert_r):
@@ -461,12 +472,15 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
             x_ecd = dispatch(x_loc, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
         # (E, C, D) -> (E_loc, ep·C, D): rows for expert e go to the device holding e
         x_recv = jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-        pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-        y_recv = experts_dense(pl, x_recv, opt.mlp, dot)
-        if tensor is not None:
-            y_recv = jax.lax.psum(y_recv, tensor)
-        if "b_out_ed" in p:
-            y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
+        if opt.skip_experts:
+            y_recv = x_recv
+        else:
+            pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+            y_recv = experts_dense(pl, x_recv, opt.mlp, dot)
+            if tensor is not None:
+                y_recv = jax.lax.psum(y_recv, tensor)
+            if "b_out_ed" in p:
+                y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
         y_ecd = jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
         if opt.router == "expert-choice":
             y = jnp.zeros((T_loc, D), jnp.float32).at[route["token_ec"].reshape(-1)].add(
