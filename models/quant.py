@@ -524,10 +524,21 @@ def commit_grads(policy, model, grads):
     """
     if not (isinstance(policy, Fp8Policy) and policy.recipe == "delayed"):
         return grads
-    meta, params = nnx.split_state(grads, Fp8GradMeta, ...) if hasattr(nnx, "split_state") else (
-        grads.filter(Fp8GradMeta), grads.filter(nnx.Not(Fp8GradMeta)))
+    meta, params = nnx.split_state(grads, Fp8GradMeta, ...)
     nnx.update(model, meta)
     return params
+
+
+def split_grad_meta(rest):
+    """For train steps that differentiate split states with jax.value_and_grad (workbench/train.py's pattern):
+    rest -> (gradient-scaling state to differentiate, everything else). Merge both back with the parameters."""
+    return nnx.split_state(rest, Fp8GradMeta, ...)
+
+
+def merge_grad_meta(rest, grad_meta_cotangent):
+    """rest (after the forward pass) with the gradient-scaling state replaced by its cotangent, which is its new
+    value. With gradient accumulation pass the last microbatch's cotangent, not the sum."""
+    return nnx.merge_state(rest, grad_meta_cotangent)
 
 
 # factories: options are validated here so bad input is one line

@@ -273,3 +273,35 @@ def test_amax_and_state_under_sharding():
     assert float(m8.x_amax_history[...][1]) == 77.0
     np.testing.assert_array_equal(np.asarray(m8.x_amax_history[...]), np.asarray(m1.x_amax_history[...]))
     np.testing.assert_array_equal(np.asarray(y8, np.float32), np.asarray(y1, np.float32))
+
+
+def test_grad_meta_protocol_with_split_states():
+    """The jax.value_and_grad-over-split-states pattern (workbench/train.py) commits delayed gradient scaling with
+    split_grad_meta / merge_grad_meta."""
+    policy = get_policy("fp8-delayed", history=2)
+
+    class M(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones((32, 4)))
+            self.dot = policy.einsum_module()
+
+        def __call__(self, x):
+            return jnp.sum(self.dot("bk,kn->bn", x, self.w[...]).astype(jnp.float32) * 3.0)
+
+    graphdef, params, rest = nnx.split(M(), nnx.Param, ...)
+
+    def loss(params, gmeta, other, x):
+        model = nnx.merge(graphdef, params, gmeta, other)
+        return model(x), nnx.split(model, nnx.Param, ...)[2]
+
+    @jax.jit
+    def step(params, rest, x):
+        gmeta, other = q.split_grad_meta(rest)
+        (_, new_rest), (g, gmeta_new) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, gmeta, other, x)
+        return g, q.merge_grad_meta(new_rest, gmeta_new)
+
+    for _ in range(2):
+        g, rest = step(params, rest, jnp.ones((2, 32)))
+    np.testing.assert_allclose(np.asarray(rest["dot"]["g_amax_history"][...]), [3.0, 3.0])
+    assert float(rest["dot"]["g_scale"][...]) == pytest.approx(3.0 / 57344)
+    assert float(rest["dot"]["x_amax_history"][...][0]) == 1.0
