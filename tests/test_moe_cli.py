@@ -1,0 +1,82 @@
+"""`workbench moe route` and `workbench moe layer` (in-process; 8 simulated devices from conftest)."""
+import json
+import math
+
+import pytest
+
+from workbench.cli import main
+
+
+def _run(capsys, *args):
+    main(list(args))
+    return json.loads(capsys.readouterr().out)
+
+
+def test_route_counts_and_capacity(capsys):
+    base = ["moe", "route", "--tokens", "1024", "--experts", "8", "--top-k", "2", "--router", "token-choice",
+            "--skew", "0.5", "--json"]
+    tight = _run(capsys, *base, "--capacity-factor", "1.0")
+    loose = _run(capsys, *base, "--capacity-factor", "8.0")
+    for out in (tight, loose):
+        assert out["dispatched"] + out["dropped"] == 1024 * 2
+        assert sum(out["load_per_expert"]) == 1024 * 2
+        assert out["dropped_fraction"] == pytest.approx(out["dropped"] / 2048)
+    assert tight["capacity_per_expert"] == 256
+    # with skew the busiest expert wants more than its 256 slots: exactly the excess is dropped
+    excess = sum(max(0.0, load - 256) for load in tight["load_per_expert"])
+    assert tight["dropped"] >= excess > 0
+    assert loose["dropped_fraction"] == 0
+    # expert-choice: every expert takes C tokens; dropped = tokens nobody took
+    ec = _run(capsys, "moe", "route", "--tokens", "256", "--experts", "4", "--top-k", "1", "--capacity-factor",
+              "1.0", "--router", "expert-choice", "--json")
+    assert ec["load_max_over_mean"] == pytest.approx(1.0)
+    assert 0 <= ec["dropped_fraction"] < 1
+
+
+def test_route_per_device_groups_drop_at_least_as_much(capsys):
+    base = ["moe", "route", "--tokens", "1024", "--experts", "8", "--top-k", "2", "--capacity-factor", "1.0",
+            "--skew", "0.3", "--json"]
+    one = _run(capsys, *base)
+    eight = _run(capsys, *base, "--ep", "8")
+    assert eight["capacity_per_expert"] == math.ceil(1.0 * 128 * 2 / 8)
+    assert eight["load_per_expert"] == one["load_per_expert"]  # same choices, different capacity groups
+    assert eight["dropped"] >= one["dropped"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--experts", "4", "--top-k", "9", "--capacity-factor", "1"], "top-k"),
+    (["--experts", "4", "--top-k", "0"], "top-k"),
+    (["--capacity-factor", "0"], "capacity factor"),
+    (["--capacity-factor", "-2"], "capacity factor"),
+    (["--router", "hash"], "unknown router"),
+    (["--experts", "6", "--top-k", "2", "--ep", "4"], "not divisible by the expert axis"),
+    (["--tokens", "0"], "--tokens"),
+])
+def test_route_bad_input_is_one_line_exit_2(capsys, args, msg):
+    with pytest.raises(SystemExit) as e:
+        main(["moe", "route", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.compile_heavy
+def test_layer_costs_match_the_layout(capsys, results_dir):
+    T, D, F, E, K, cf = 512, 16, 32, 8, 2, 1.25
+    out = _run(capsys, "moe", "layer", "--tokens", str(T), "--seq", "16", "--d-model", str(D), "--d-ff", str(F),
+               "--experts", str(E), "--top-k", str(K), "--capacity-factor", str(cf), "--mesh", "expert=8",
+               "--json")
+    C = math.ceil(cf * (T // 8) * K / E)  # one routing group per device
+    # dispatch and combine each move the device's whole (E, C, D) float32 buffer through one all-to-all
+    assert out["all_to_all_count"] == 2
+    assert out["all_to_all_bytes_per_device"] == 2 * E * C * D * 4
+    # the experts' compiled flops are the padded buffer's: useful / compiled = (T·k/8) / (E·C) per device
+    assert out["expert_flops_efficiency"] == pytest.approx((T * K / 8) / (E * C), rel=0.1)
+    assert 0 < out["flops_routing_dispatch_per_device"] < out["flops_experts_per_device"]
+    assert set(out["predictions"]) == {"tpu-v5e", "h100-sxm"}
+    assert all(p["predicted_s"] > 0 and p["comm_by_kind_s"].get("all-to-all", 0) > 0
+               for p in out["predictions"].values())
+    assert 0 <= out["dropped_fraction"] <= 1
+    rec = [json.loads(line) for line in (results_dir / "records.jsonl").read_text().splitlines()]
+    assert rec[-1]["kind"] == "moe_layer" and rec[-1]["extra"]["all_to_all_bytes_per_device"] == \
+        out["all_to_all_bytes_per_device"]
