@@ -1,6 +1,5 @@
 """workbench.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
 floor; memory that cannot fit is reported (pre-check and compiler), never a crash."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +121,20 @@ def test_tiny_on_a_gpu_node_compiled_for_simulated_cpus(results_dir):
     assert r["compiler"] == "xla-cpu" and r["chip"] == "h100-sxm"
     assert any("simulated CPU devices" in n for n in r["notes"])
     assert any(k.endswith("@model") for k in r["collectives"])  # tensor parallelism exchanges activations
+
+
+@needs_libtpu
+@pytest.mark.compile_heavy
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_inference_steps_compile_with_a_sharded_kv_cache(mode, results_dir):
+    from models.presets import get_config
+
+    cfg = get_config("tiny")
+    r = wp.predict(wp.PredictSpec("tiny", "tpu-v5e:2x2", "tp", mode=mode, batch=8))
+    assert r["fits"] and r["mode"] == mode and r["predicted_step_s"] >= r["analytic_floor_s"] > 0
+    assert any(k.startswith("all-reduce@model") for k in r["collectives"])  # Megatron row-parallel sums
+    # arguments: bf16 weights sharded over model=4 (embedding table by vocab) plus the bf16 KV cache
+    # (batch 8, seq 64, kv_heads over model=4); the cache is donated, so it is aliased to the output
+    kv = 2 * cfg.n_layers * 8 * cfg.seq_len * (cfg.n_kv_heads // 4) * cfg.head_dim * 2
+    assert r["memory_breakdown"]["alias_bytes"] >= kv
+    assert r["tokens_per_step"] == (8 * cfg.seq_len if mode == "prefill" else 8)

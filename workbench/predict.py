@@ -166,19 +166,63 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True)
         return _unpack_step(out)
-    try:
-        from models import inference
-    except ModuleNotFoundError as e:
-        if e.name == "models.inference":
-            raise WorkbenchError(f"--mode {spec.mode} needs models/inference.py, which is not in this checkout; "
-                                 "use --mode train") from None
-        raise
-    builder = getattr(inference, f"build_{spec.mode}_step", None)
-    if builder is None:
-        raise WorkbenchError(f"models.inference has no build_{spec.mode}_step; use --mode train")
-    out = builder(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch, seq_len=seq,
-                  abstract=True)
-    return _unpack_step(out)
+    return build_inference_step(cfg, policy, mesh, spec.strategy, batch, seq, spec.mode)
+
+
+def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str):
+    """A jitted prefill or decode step around the models' own KV-cache functions (models/inference.py), with
+    abstract sharded inputs: weights in the policy's compute dtype (inference keeps no float32 master copy), the KV
+    cache (batch, seq, kv_heads, head_dim) per layer sharded by the strategy's rules, the cache donated.
+
+    prefill: `seq` prompt tokens fill an empty cache of `seq` positions; returns the last position's logits.
+    decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it).
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from models import inference
+    from models.transformer import Transformer
+    from partitioning.rules import get_rules
+    from partitioning.shard import activation_sharding, spec_for, state_shardings
+
+    rules = get_rules(strategy)
+    abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(abs_model, nnx.Param, ...)
+    p_sh, r_sh = state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules)
+    cd = policy.compute_dtype
+
+    def abstract(a, sh, cast):
+        dt = cd if (cast and jnp.issubdtype(a.dtype, jnp.floating)) else a.dtype
+        return jax.ShapeDtypeStruct(a.shape, dt, sharding=sh)
+
+    abs_params = jax.tree.map(lambda a, sh: abstract(a, sh, True), params, p_sh)
+    abs_rest = jax.tree.map(lambda a, sh: abstract(a, sh, False), rest, r_sh)
+    kv_shape = (batch, seq, cfg.n_kv_heads, cfg.head_dim)
+    kv_sh = NamedSharding(mesh, spec_for(("batch", None, "kv_heads", "head_dim"), kv_shape, mesh, rules,
+                                         what="KV cache"))
+    kv = jax.ShapeDtypeStruct(kv_shape, cd, sharding=kv_sh)
+    rep = NamedSharding(mesh, PartitionSpec())
+    cache = {"k": [kv] * cfg.n_layers, "v": [kv] * cfg.n_layers,
+             "index": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+    cache_sh = jax.tree.map(lambda a: a.sharding, cache)
+    t = seq if mode == "prefill" else 1
+    tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
+    tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
+
+    def step(params, rest, tokens_bt, cache):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            model = nnx.merge(graphdef, params, rest)
+            if mode == "prefill":
+                logits_btv, cache = inference.prefill(model, tokens_bt, max_len=seq, cache=cache)
+            else:
+                logits_btv, cache = inference.decode_step(model, tokens_bt, cache)
+            return logits_btv[:, -1], cache
+
+    jitted = jax.jit(step, in_shardings=(p_sh, r_sh, tok_sh, cache_sh), out_shardings=(None, cache_sh),
+                     donate_argnums=3)
+    return jitted, (abs_params, abs_rest, tokens, cache), (abs_params, abs_rest, cache)
 
 
 def _unpack_step(out):
@@ -323,8 +367,10 @@ def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
         return a["train_flops_per_token"] * batch * seq, (
             f"train_flops_per_token {a['train_flops_per_token']:.4g} × {batch}·{seq} tokens")
     if mode == "prefill":
-        return a["forward_flops_per_token"] * batch * seq, (
-            f"forward_flops_per_token {a['forward_flops_per_token']:.4g} × {batch}·{seq} tokens")
+        head = 2 * cfg.vocab_size * cfg.d_model  # the output head runs on the last position only
+        return a["forward_flops_per_token"] * batch * seq - head * batch * (seq - 1), (
+            f"forward_flops_per_token {a['forward_flops_per_token']:.4g} × {batch}·{seq} tokens − the output head "
+            f"(2·vocab·d_model) on all but the last position")
     # decode: one new token per sequence, attending over a cache of `seq` tokens
     return a["forward_flops_per_token"] * batch, (
         f"forward_flops_per_token(context {seq}) {a['forward_flops_per_token']:.4g} × {batch} new tokens")
