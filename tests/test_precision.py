@@ -77,3 +77,21 @@ def test_policy_trains_tiny_50_steps(policy):
         assert h.shape == (16,) and np.all(h > 0)  # 50 steps filled the 16-step window
     if policy == "fp16":
         assert float(state["loss_scale"].scale) >= 1.0
+
+
+def test_gpu_precision_section_tiny_on_cpu(results_dir):
+    """The GPU device-check section runs in its tiny mode here; on a CPU it must say the fp8 dots are emulated."""
+    from benchmarks import gpu_precision
+    from workbench.hardware import get_spec
+    from workbench.results import Store
+
+    out = gpu_precision.run(spec=get_spec("h200"), tiny=True, repeats=2)
+    rows = {r["case"]: r for r in out["rows"]}
+    assert set(rows) == {"bf16", "fp8_prequantized", "fp8_dequant_dot", "fp8_policy_fwd"}
+    for r in rows.values():
+        assert "failed" not in r, r
+        assert r["flops_per_s"] > 0 and 0 < r["fraction_of_peak"] < 1
+    assert rows["fp8_prequantized"]["peak_dtype"] == "float8_e4m3fn"
+    assert rows["fp8_prequantized"]["fp8_gemm_in_hlo"] is False and "emulated" in rows["fp8_prequantized"]["note"]
+    assert rows["bf16"]["rel_error_vs_float64"] < rows["fp8_policy_fwd"]["rel_error_vs_float64"] < 0.1
+    assert len(Store().records("gpu_precision_matmul")) == 4

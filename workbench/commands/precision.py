@@ -39,7 +39,7 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, step: int = 0, out
 
 
 def matmul_error(policy_name: str, kind: str = "normal", m: int = 256, k: int = 1024, n: int = 256, seed: int = 0,
-                 steps: int = 3, **policy_options) -> dict:
+                 steps: int = 3, outlier_scale: float = 100.0, outlier_channels: int = 4, **policy_options) -> dict:
     """Relative error of `policy`'s einsum 'mk,kn->mn' against float64, on the last of `steps` calls (stateful
     recipes see `steps - 1` earlier draws from the same distribution first). rel_error = ||y - y64||_F / ||y64||_F."""
     import jax
@@ -62,7 +62,8 @@ def matmul_error(policy_name: str, kind: str = "normal", m: int = 256, k: int = 
 
     errs = []
     for s in range(steps):
-        x, w = make_inputs(kind, m, k, n, seed, step=s)
+        x, w = make_inputs(kind, m, k, n, seed, step=s, outlier_channels=outlier_channels,
+                           outlier_scale=outlier_scale)
         y = np.asarray(jax.device_get(call(module, jnp.asarray(x), jnp.asarray(w))), np.float64)
         ref = x.astype(np.float64) @ w.astype(np.float64)
         err = y - ref
@@ -74,6 +75,8 @@ def matmul_error(policy_name: str, kind: str = "normal", m: int = 256, k: int = 
     return {"policy": policy.name, "inputs": kind, "rel_error": last["rel_error"],
             "max_abs_error": last["max_abs_error"], "finite": last["finite"],
             "rel_error_per_call": [e["rel_error"] for e in errs], "shape_mkn": [m, k, n], "seed": seed,
+            "outlier_scale": outlier_scale if kind == "outliers" else None,
+            "outlier_channels": outlier_channels if kind == "outliers" else None,
             "compute_dtype": np.dtype(policy.compute_dtype).name, "matmul_element": fmt["element"],
             "matmul_bits": fmt["bits"], "scale": fmt["scale"], "reference": "float64 NumPy matmul",
             "backend": jax.default_backend(),
