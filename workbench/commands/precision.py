@@ -11,7 +11,7 @@ import typer
 
 from workbench.commands._common import emit_json, print_table
 
-INPUTS = ("normal", "outliers")
+INPUTS = ("normal", "outliers", "outlier_damage")
 
 
 def make_inputs(kind: str, m: int, k: int, n: int, seed: int, step: int = 0, outlier_channels: int = 4,
@@ -19,8 +19,10 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, step: int = 0, out
     """x (m, k) and w (k, n) as float32 NumPy arrays.
 
     normal: x ~ N(0, 1), w ~ N(0, 1/k). outliers: as normal, but `outlier_channels` input channels (columns of x, the
-    pattern LLM activations show; Dettmers et al. 2022) scaled by `outlier_scale`. `step` draws a fresh x from the
-    same distribution (w is fixed), for recipes with state (delayed scaling).
+    pattern LLM activations show; Dettmers et al. 2022) scaled by `outlier_scale`. outlier_damage: as outliers, but
+    the weights of the outlier channels are zero, so the reference is the normal channels' product alone and the error
+    is what the outliers' effect on the shared scales costs every other channel. `step` draws a fresh x from the same
+    distribution (w is fixed), for recipes with state (delayed scaling).
     """
     import numpy as np
 
@@ -32,9 +34,11 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, step: int = 0, out
     w = (rw.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     rx = np.random.default_rng([seed, 1, step])
     x = rx.standard_normal((m, k)).astype(np.float32)
-    if kind == "outliers":
+    if kind in ("outliers", "outlier_damage"):
         cols = np.random.default_rng([seed, 2]).choice(k, size=min(outlier_channels, k), replace=False)
         x[:, cols] *= outlier_scale
+        if kind == "outlier_damage":
+            w[cols, :] = 0.0
     return x, w
 
 
@@ -75,8 +79,8 @@ def matmul_error(policy_name: str, kind: str = "normal", m: int = 256, k: int = 
     return {"policy": policy.name, "inputs": kind, "rel_error": last["rel_error"],
             "max_abs_error": last["max_abs_error"], "finite": last["finite"],
             "rel_error_per_call": [e["rel_error"] for e in errs], "shape_mkn": [m, k, n], "seed": seed,
-            "outlier_scale": outlier_scale if kind == "outliers" else None,
-            "outlier_channels": outlier_channels if kind == "outliers" else None,
+            "outlier_scale": outlier_scale if kind != "normal" else None,
+            "outlier_channels": outlier_channels if kind != "normal" else None,
             "compute_dtype": np.dtype(policy.compute_dtype).name, "matmul_element": fmt["element"],
             "matmul_bits": fmt["bits"], "scale": fmt["scale"], "reference": "float64 NumPy matmul",
             "backend": jax.default_backend(),
@@ -113,7 +117,7 @@ def register(app: typer.Typer) -> None:
     def error_cmd(
         json_out: bool = typer.Option(False, "--json", help="JSON rows (one per policy) on stdout"),
         policies: Optional[str] = typer.Option(None, "--policies", help="comma list (default: all)"),
-        inputs: str = typer.Option("normal", "--inputs", help="normal | outliers | both"),
+        inputs: str = typer.Option("normal", "--inputs", help="normal | outliers | outlier_damage | all"),
         m: int = typer.Option(256, "--m"), k: int = typer.Option(1024, "--k"), n: int = typer.Option(256, "--n"),
         seed: int = typer.Option(0, "--seed"),
         steps: int = typer.Option(3, "--steps", help="calls per policy; the last is reported (delayed scaling warms)"),
@@ -124,10 +128,10 @@ def register(app: typer.Typer) -> None:
         from workbench.errors import WorkbenchError
 
         request_devices(None)
-        kinds = list(INPUTS) if inputs == "both" else [inputs]
+        kinds = list(INPUTS) if inputs == "all" else [inputs]
         for kd in kinds:
             if kd not in INPUTS:
-                raise WorkbenchError(f"--inputs must be normal, outliers or both, got {inputs!r}")
+                raise WorkbenchError(f"--inputs must be one of {', '.join(INPUTS)} or all, got {inputs!r}")
         rows = error_table(_policies(policies), kinds, m, k, n, seed, steps, progress=True)
         if record:
             _record(rows)
