@@ -247,6 +247,8 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     target = topo.parse_target(spec.target)
     cfg = get_config(spec.preset, spec.overrides)
     if spec.remat not in ("auto", None):
+        if spec.remat not in ("none", "per-layer"):
+            raise WorkbenchError(f"--remat {spec.remat!r}: choose none, per-layer or auto")
         cfg = cfg.replace(remat=spec.remat)
     notes: list[str] = []
     seq = spec.seq if spec.seq is not None else cfg.seq_len
@@ -397,6 +399,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
         "tokens_per_step": tokens, "remat": lw.cfg.remat, "microbatches": spec.microbatches,
         "policy": spec.policy, "compute_dtype": compute_dtype, "compiler": lw.compiler,
+        "compiler_version": _compiler_version(lw.compiler),
         "hbm_bytes": hw.hbm_bytes, "state_bytes_per_device": lw.state_bytes_per_device,
         "input_bytes_per_device": lw.input_bytes_per_device,
         "model_flops_per_step": mflops, "analytic_floor_s": floor_s,
@@ -493,6 +496,16 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
     out["_cost"] = cost
     out["_prediction"] = pred
     return out
+
+
+def _compiler_version(compiler: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    pkg = {"libtpu": "libtpu", "xla-gpu": "jax-cuda12-plugin", "xla-cpu": "jaxlib"}.get(compiler)
+    try:
+        return f"{pkg} {version(pkg)}" if pkg else None
+    except PackageNotFoundError:
+        return None
 
 
 def _src(hw, key: str) -> str:
