@@ -81,7 +81,7 @@ def calibrate_device(dev, tiny: bool) -> dict:
     m = measure_steps(step, warmup=3, repeats=10, guard=f)
     out["copy"] = {"bytes": nel * 4, "bytes_per_s": 2.0 * nel * 4 / m.median_s, "spread": m.spread,
                    "counted": "bytes read + bytes written"}
-    del st
+    st.clear()
     return out
 
 

@@ -202,7 +202,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     mc = measure_steps(step_c, warmup=3, repeats=reps, guard=sf)
     out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": 2.0 * nel_c * 4 / mc.median_s,
                            "spread": mc.spread, "counted": "bytes read + bytes written"}
-    del state_c
+    state_c.clear()
     _say("calibrate: first-touch cost of fresh large outputs (same kernel, new output buffer each call)", quiet)
     xs = state.pop("x")
     fresh = jax.jit(lambda x: x * 1.0001 + 0.5).lower(xs).compile()
@@ -286,7 +286,7 @@ def spec_from_calibration(cal: dict):
                      date),
                  "hbm_bytes": Source("/proc/meminfo MemTotal", date)},
         notes=(f"{feat['model']}, {feat['cores']} cores", "XLA:CPU computes bfloat16 matmuls in float32",
-               f"transcendentals_per_s is the median of exp/tanh/log: "
+               "transcendentals_per_s is the median of exp/tanh/log: "
                + ", ".join(f"{k} {v['per_s']:.3g}/s" for k, v in tr.items())))
 
 

@@ -15,11 +15,11 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from workbench.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
+
 # glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
 # 4·1024·1024·sizeof(long) = 32 MiB on 64-bit), so such buffers are page-faulted in on every call
 MMAP_THRESHOLD_BYTES = 32 * 2**20
-
-from workbench.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,21 +2,10 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
 
-
-def _clean(o: Any):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if hasattr(o, "item") and callable(o.item):  # numpy scalars
-        return _clean(o.item())
-    return o
+from workbench.results import _clean
 
 
 def emit_json(obj: Any) -> None:
