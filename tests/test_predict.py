@@ -139,3 +139,26 @@ def test_inference_steps_compile_with_a_sharded_kv_cache(mode, results_dir):
     kv = 2 * cfg.n_layers * 8 * cfg.seq_len * (cfg.n_kv_heads // 4) * cfg.head_dim * 2
     assert r["memory_breakdown"]["alias_bytes"] >= kv
     assert r["tokens_per_step"] == (8 * cfg.seq_len if mode == "prefill" else 8)
+
+
+def test_torus_axes_from_device_coords():
+    from types import SimpleNamespace as NS
+
+    devs = [NS(coords=(x, y, 0)) for y in range(4) for x in range(4)]  # a 4x4 torus, ids in row-major order
+    mesh = NS(devices=np.array(devs, dtype=object).reshape(4, 4))
+    row = NS(groups=((0, 1, 2, 3),), payload_bytes=10.0, count=1)      # varies x only
+    full = NS(groups=(tuple(range(16)),), payload_bytes=1.0, count=1)  # varies x and y
+    assert wp.torus_axes_of(NS(collectives=(row,)), mesh) == 1
+    assert wp.torus_axes_of(NS(collectives=(full,)), mesh) == 2
+    assert wp.torus_axes_of(NS(collectives=(row, full)), mesh) == 1  # the heaviest collective decides
+    assert wp.torus_axes_of(NS(collectives=()), mesh) == 1
+
+
+def test_xla_estimate_guards_non_positive_values():
+    from types import SimpleNamespace as NS
+
+    assert wp.xla_estimate(NS(cost_analysis=lambda: {"optimal_seconds": 2e-3})) == (2e-3, None)
+    v, note = wp.xla_estimate(NS(cost_analysis=lambda: [{"optimal_seconds": -1470.0}]))
+    assert v is None and "not positive: ignored" in note
+    v, note = wp.xla_estimate(NS(cost_analysis=lambda: None))
+    assert v is None and "no time estimate" in note
