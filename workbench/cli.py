@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         import click
 
         if isinstance(e, click.exceptions.UsageError):
-            print(f"workbench: error: {e.format_message()} (see `workbench {e.ctx.command_path.split(' ', 1)[-1] if e.ctx else ''} --help`)",
-                  file=sys.stderr)
+            cmd = e.ctx.command_path.split(" ", 1)[-1] if e.ctx else ""
+            print(f"workbench: error: {e.format_message()} (see `workbench {cmd} --help`)", file=sys.stderr)
             sys.exit(2)
         if isinstance(e, click.exceptions.Exit):
             sys.exit(e.exit_code)
