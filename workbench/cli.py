@@ -1,5 +1,6 @@
-"""`workbench` command line. Each command group lives in workbench/commands/<name>.py and exposes register(app).
+"""workbench: compile JAX programs, read their costs, place them on a roofline, measure and record them.
 
+Each command group lives in workbench/commands/<name>.py and exposes register(app).
 Errors a user can fix print one line `workbench: error: ...` and exit 2; JSON goes to stdout, progress to stderr.
 """
 from __future__ import annotations
@@ -45,16 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("workbench: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors and the unexpected
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
-            cmd = e.ctx.command_path.split(" ", 1)[-1] if e.ctx else ""
-            print(f"workbench: error: {e.format_message()} (see `workbench {cmd} --help`)", file=sys.stderr)
+    except Exception as e:  # click usage errors (typer vendors click in some versions) and the unexpected
+        names = {c.__name__ for c in type(e).__mro__}
+        if "NoArgsIsHelpError" in names:
+            print(e.format_message())
             sys.exit(2)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if "UsageError" in names:
+            ctx = getattr(e, "ctx", None)
+            path = ctx.command_path if ctx is not None and ctx.command_path else "workbench"
+            print(f"workbench: error: {e.format_message()} (see `{path} --help`)", file=sys.stderr)
+            sys.exit(2)
+        if "Exit" in names:
+            sys.exit(getattr(e, "exit_code", 0))
+        if "Abort" in names:
             sys.exit(1)
         if os.environ.get("WORKBENCH_DEBUG"):
             raise
