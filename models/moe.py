@@ -37,13 +37,17 @@ Conventions (stated once, tested in tests/test_moe.py):
 - Router jitter (Switch): multiply the router input by U(1-ε, 1+ε) in training.
 
 Expert parallelism (`ep_forward`): tokens are split over every mesh axis except the tensor axis; experts over the
-`expert` axis. Each device routes its own tokens (one token group per device), scatters them into a padded (E, C, D)
-buffer, `all_to_all` over `expert` sends expert e's rows to the device that holds e, experts run on
-(E/ep, ep·C, D), a second `all_to_all` brings results back, and the device combines. XLA:CPU in jax 0.10.2 does not
-implement `ragged-all-to-all` ("HLO opcode ragged-all-to-all is not supported by XLA:CPU ThunkEmitter"), so the
-exchange is always the padded all-to-all; a dropless block under EP uses C = T_local (nothing can be dropped, at the
-price of padding, visible in the flops and all-to-all bytes). A tensor axis, when present, splits d_ff inside each
-expert and a psum adds the partial outputs.
+`expert` axis. Each device routes its own tokens (one token group per device). Two exchanges (`choose_a2a`):
+- padded (capacity routing, and dropless on CPU): scatter into a padded (E, C, D) buffer, `all_to_all` over `expert`
+  sends expert e's rows to the device holding e, experts run on (E/ep, ep·C, D), a second `all_to_all` brings the
+  results back, the device combines. A dropless block uses C = T_local here (nothing can be dropped, at the price of
+  padding, visible in the flops and all-to-all bytes).
+- ragged (dropless token-choice on TPU/GPU): assignments sorted by expert, `jax.lax.ragged_all_to_all` sends each
+  expert exactly its rows (sizes and offsets exchanged first by small all_to_alls), experts run `ragged_dot` on the
+  received rows, a second ragged all-to-all returns them. XLA:CPU in jax 0.10.2 does not implement it ("HLO opcode
+  ragged-all-to-all is not supported by XLA:CPU ThunkEmitter"), so on CPU the same code is tested through
+  `ragged_all_to_all_emulated` (all_gather based), and the real op is checked by compiling for a TPU slice.
+A tensor axis, when present, splits d_ff inside each expert and a psum adds the partial outputs.
 """
 from __future__ import annotations
 
@@ -429,12 +433,30 @@ def ep_axes(mesh, expert_axis: str = EXPERT_AXIS):
     return token_axes, tensor
 
 
+A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")
+
+
+def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
+    """'padded' or 'ragged'/'ragged-emulated' for an EP exchange. The ragged exchange needs dropless token-choice
+    (capacity routing fills fixed (E, C) buffers by definition). 'auto': ragged where the backend implements
+    ragged-all-to-all (TPU, GPU), padded on CPU (XLA:CPU: UNIMPLEMENTED)."""
+    if mode not in A2A_MODES:
+        raise WorkbenchError(f"unknown all-to-all mode {mode!r}; choose one of {', '.join(A2A_MODES)}")
+    raggable = opt.capacity_factor is None and opt.router == "token-choice"
+    if mode == "auto":
+        return "ragged" if (raggable and platform in ("tpu", "gpu", "cuda", "rocm")) else "padded"
+    if mode != "padded" and not raggable:
+        raise WorkbenchError(f"the {mode} all-to-all needs dropless token-choice routing (capacity_factor=None); "
+                             "capacity routing exchanges fixed (E, C) buffers: use a2a='padded'")
+    return mode
+
+
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto"):
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto"):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the first of TENSOR_AXES present with size > 1;
-    None: no tensor parallelism inside the experts)."""
+    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None or expert_axis not in mesh.axis_names:
         raise WorkbenchError(f"expert parallelism needs a mesh with an {expert_axis!r} axis in context "
@@ -452,6 +474,8 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         raise WorkbenchError(f"{T} tokens are not divisible by the {n_tok_shards} token shards of mesh axes "
                              f"{token_axes}; change the batch size or sequence length")
     T_loc = T // n_tok_shards
+    platform = mesh.devices.flat[0].platform if isinstance(mesh, jax.sharding.Mesh) else jax.devices()[0].platform
+    mode = choose_a2a(a2a, opt, platform)
     # one routing group per device; dropless (None) gives C = T_loc: nothing can be dropped, padding pays for it
     C = expert_capacity(T_loc, E, opt.top_k, opt.capacity_factor)
     tok_spec = P(token_axes, None)
@@ -465,6 +489,10 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
 
     def local(p, x_loc, bias):
         logits = router_logits(x_loc, p["w_router_de"])
+        if mode != "padded":
+            route, sums = route_group(logits, opt, None, bias)
+            y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype)
+            return y, jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
         route, sums = route_group(logits, opt, C, bias)
         if opt.router == "expert-choice":
             x_ecd = x_loc[route["token_ec"]]
@@ -494,6 +522,81 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     sums_spec = {k: P() for k in STAT_KEYS}
     fn = jax.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P()), out_specs=(tok_spec, sums_spec))
     return fn(params, x_td, bias)
+
+
+def _excl_cumsum(a, axis=-1):
+    return jnp.cumsum(a, axis=axis) - a
+
+
+def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                               axis_name):
+    """jax.lax.ragged_all_to_all's documented semantics built from all_gather (for backends without the op, e.g.
+    XLA:CPU, so the ragged EP path can be tested there). Moves ep× the bytes of the real op: a test device only."""
+    ep = jax.lax.axis_size(axis_name)
+    me = jax.lax.axis_index(axis_name)
+    n = input_offsets.shape[0]
+    spd = n // ep
+    ops = jax.lax.all_gather(operand, axis_name)  # (ep, N, ...)
+    in_off = jax.lax.all_gather(input_offsets, axis_name)  # (ep, n) per source
+    sizes = jax.lax.all_gather(send_sizes, axis_name)
+    out_off = jax.lax.all_gather(output_offsets, axis_name)
+    rows = jnp.arange(output.shape[0])
+    result = output
+    for src in range(ep):
+        for j in range(spd):
+            # slice (me·spd + j) of source `src` is the one addressed to me
+            i = me * spd + j
+            start, size, o = out_off[src, i], sizes[src, i], in_off[src, i]
+            hit = (rows >= start) & (rows < start + size)
+            idx = jnp.clip(o + rows - start, 0, operand.shape[0] - 1)
+            vals = ops[src][idx]
+            result = jnp.where(hit.reshape((-1,) + (1,) * (operand.ndim - 1)), vals, result)
+    del recv_sizes  # implied by the senders' sizes; kept in the signature to match the real op
+    return result
+
+
+def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype):
+    """Dropless EP with ragged all-to-all: send each expert exactly its rows, compute with ragged_dot, send back.
+
+    Sender: assignments sorted by global expert; slice e (rows for expert e) goes to device e // E_loc.
+    Receiver layout: rows grouped by local expert, then by source device, so ragged_dot runs on them directly.
+    Buffer on the receiver: ep · T_loc · min(k, E_loc) rows (the most that can arrive), of which only the
+    received ones are computed on backends with a grouped matmul.
+    """
+    E = opt.n_experts
+    E_loc = E // ep
+    T_loc, D = x_loc.shape
+    K = opt.top_k
+    rag = jax.lax.ragged_all_to_all if mode == "ragged" else ragged_all_to_all_emulated
+    order, token_r, group_sizes = sort_by_expert(route["expert_tk"], E)
+    x_sorted = x_loc[token_r]  # (T_loc·K, D), rows sorted by global expert
+    in_off = _excl_cumsum(group_sizes).astype(jnp.int32)  # (E,) slice e starts here
+    # per source s and local expert l: how many rows arrive  (ep·E_loc,) indexed s·E_loc + l
+    recv_sizes = jax.lax.all_to_all(group_sizes, axis, 0, 0, tiled=True).astype(jnp.int32)
+    recv_se = recv_sizes.reshape(ep, E_loc)
+    gs_local = jnp.sum(recv_se, axis=0).astype(jnp.int32)  # rows per local expert
+    # receiver offsets: local expert major, source minor
+    recv_off_se = (_excl_cumsum(gs_local)[None, :] + _excl_cumsum(recv_se, axis=0)).astype(jnp.int32)
+    recv_off = recv_off_se.reshape(ep * E_loc)
+    out_off = jax.lax.all_to_all(recv_off, axis, 0, 0, tiled=True).astype(jnp.int32)  # where my slices land
+    M = ep * T_loc * min(K, E_loc)
+    buf = jnp.zeros((M, D), x_sorted.dtype)
+    x_recv = rag(x_sorted, buf, in_off, group_sizes, out_off, recv_sizes, axis_name=axis)
+    # local expert of each received row (rows past the last group are padding: computed as zeros, never sent back)
+    expert_r = jnp.clip(jnp.searchsorted(jnp.cumsum(gs_local), jnp.arange(M), side="right"), 0, E_loc - 1)
+    if opt.skip_experts:
+        y_recv = x_recv
+    else:
+        pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+        y_recv = experts_ragged(pl, x_recv, gs_local, expert_r, opt.mlp, compute_dtype)
+        if tensor is not None:
+            y_recv = jax.lax.psum(y_recv, tensor)
+        y_recv = _add_out_bias(p, y_recv, expert_r)
+    # back: slice s·E_loc + l returns to source s, landing where that source's slice for expert (me·E_loc + l) began
+    back_off = jax.lax.all_to_all(in_off, axis, 0, 0, tiled=True).astype(jnp.int32)
+    y_sorted = rag(y_recv.astype(x_sorted.dtype), jnp.zeros_like(x_sorted), recv_off, recv_sizes, back_off,
+                   group_sizes.astype(jnp.int32), axis_name=axis)
+    return unsort_combine(y_sorted, order, route["weight_tk"])
 
 
 def _partitioning_context():
@@ -550,6 +653,7 @@ class MoEBlock(nnx.Module):
             self.expert_bias = ExpertBias(jnp.zeros((E,), jnp.float32))
         self.rngs = nnx.data(rngs if self.jitter else None)  # jitter noise stream ('dropout')
         self.groups = int(getattr(cfg, "moe_groups", 1) or 1)
+        self.a2a = getattr(cfg, "moe_a2a", "auto") or "auto"
         self.mesh = mesh
         self.expert_parallel = expert_parallel
         self.deterministic = False  # training by default; set True (e.g. via nnx.Module.eval()) for evaluation
@@ -593,7 +697,7 @@ class MoEBlock(nnx.Module):
         ep = self._use_ep()
         if ep is not None:
             y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
-                                    tensor_axis=ep[1])
+                                    tensor_axis=ep[1], a2a=self.a2a)
         else:
             jitter_td = None
             if self.jitter and not self.deterministic:
