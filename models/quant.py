@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.linen import fp8_ops as _flax_fp8
 
 from models import precision as _precision
 from models.precision import Einsum, PrecisionPolicy
@@ -115,13 +116,14 @@ def amax(x):
 def compute_scale(amax_value, prev_scale, fmt: Format, margin: float = 0.0):
     """Dequantization scale that maps `amax_value` to the format's max, backed off by 2^margin.
 
-    The Transformer Engine / flax.linen.fp8_ops formula (scale = amax * 2^margin / fmt_max). A zero or non-finite amax
-    keeps `prev_scale`; so does an amax so small that the scale would underflow to zero.
+    flax.linen.fp8_ops.compute_scale's formula (the Transformer Engine recipe: scale = amax * 2^margin / fmt_max). A
+    zero or non-finite amax keeps `prev_scale` exactly; so does an amax so small that the scale would underflow to
+    zero (a guard Flax's version lacks: its scale becomes 0 and the next quantization divides by it).
     """
     fmt = get_format(fmt)
     amax_value = jnp.asarray(amax_value, F32)
     prev_scale = jnp.asarray(prev_scale, F32)
-    new = amax_value * jnp.float32(2.0 ** margin) / jnp.float32(fmt.max)
+    new = _flax_fp8.compute_scale(amax_value, prev_scale, jnp.float32(fmt.max), margin)
     ok = jnp.isfinite(amax_value) & (amax_value > 0) & jnp.isfinite(new) & (new > 0)
     return jnp.where(ok, new, prev_scale)
 
@@ -129,10 +131,11 @@ def compute_scale(amax_value, prev_scale, fmt: Format, margin: float = 0.0):
 def delayed_scaling_update(amax_now, prev_scale, history, fmt: Format, margin: float = 0.0):
     """One step of delayed scaling. Returns (scale to use this step, new history).
 
-    The scale comes from the history of *previous* steps (max over the window); this step's amax is then recorded at
-    index 0 and the oldest entry drops off the end. An empty (all-zero) history - the first step - uses this step's
-    amax instead of the Transformer Engine default of scale 1 (which flushes small gradients to zero in E5M2).
-    Non-finite amaxes are recorded as 0, so one overflow step does not freeze the window.
+    The scale comes from the history of *previous* steps (max over the window); this step's amax is then recorded
+    with flax.linen.fp8_ops.compute_amax_history (a ring: the newest at index 0, the oldest dropped). An empty
+    (all-zero) history - the first step - uses this step's amax instead of the Transformer Engine / Flax default of
+    scale 1 (which flushes small gradients to zero in E5M2). Non-finite amaxes are recorded as 0, so one overflow step
+    does not freeze the window.
     """
     history = jnp.asarray(history, F32)
     amax_now = jnp.asarray(amax_now, F32)
@@ -140,8 +143,7 @@ def delayed_scaling_update(amax_now, prev_scale, history, fmt: Format, margin: f
     a = jnp.where(a_hist > 0, a_hist, amax_now)
     scale = compute_scale(a, prev_scale, fmt, margin)
     record = jnp.where(jnp.isfinite(amax_now), amax_now, 0.0)
-    new_history = jnp.concatenate([record[None], history[:-1]])
-    return scale, new_history
+    return scale, _flax_fp8.compute_amax_history(record, history)
 
 
 # ---------------------------------------------------------------------------------------------------------------

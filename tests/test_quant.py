@@ -60,7 +60,9 @@ def _np_delayed(amax_now, prev, hist, fmax, margin):
     a = a_hist if a_hist > 0 else amax_now
     scale = _np_scale(a, prev, fmax, margin)
     rec = amax_now if np.isfinite(amax_now) else 0.0
-    return scale, np.concatenate([[rec], hist[:-1]]).astype(np.float32)
+    ring = np.roll(hist, -1)  # a window of the last len(hist) amaxes, the newest at index 0
+    ring[0] = rec
+    return scale, ring.astype(np.float32)
 
 
 def _np_quant(v, scale, ml, fmax):
