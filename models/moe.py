@@ -342,9 +342,11 @@ def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
 
 
 def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None):
-    """MoE of one token group with all experts local. Returns (y_td float32, sums)."""
+    """MoE of one token group with all experts local. Returns (y_td float32, sums).
+    Tokens are permuted in the policy's compute dtype (what the expert matmuls read anyway)."""
     T = x_td.shape[0]
     E = opt.n_experts
+    x_td = x_td.astype(compute_dtype)
     if opt.capacity_factor is None and opt.router == "token-choice":  # dropless: sort + ragged_dot
         route, sums = route_group(logits_te, opt, None, bias_e)
         order, token_r, group_sizes = sort_by_expert(route["expert_tk"], E)
@@ -489,6 +491,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
 
     def local(p, x_loc, bias):
         logits = router_logits(x_loc, p["w_router_de"])
+        x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
         if mode != "padded":
             route, sums = route_group(logits, opt, None, bias)
             y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype)

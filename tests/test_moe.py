@@ -13,7 +13,7 @@ from models import moe
 from models.config import ModelConfig
 from models.precision import get_policy
 from workbench.errors import WorkbenchError
-from workbench.testing import assert_close
+from workbench.testing import assert_close, tol
 
 F32 = get_policy("float32")
 
@@ -385,3 +385,21 @@ def test_real_ragged_all_to_all_compiles_for_a_tpu_slice():
     fn = jax.jit(lambda p, x: moe.ep_forward(p, x, blk.opt, blk.dot, jnp.float32, mesh=mesh)[0])  # a2a='auto'
     text = fn.lower(abs_p, abs_x).compile().as_text()
     assert "ragged-all-to-all" in text
+
+
+def test_bf16_policy_routes_identically_and_stays_within_the_bf16_tolerance():
+    """Router in float32 whatever the policy: the same choices; experts in bfloat16 against the float32 block."""
+    x = jax.random.normal(jax.random.key(14), (2, 8, 8))
+    f32 = _block(capacity_factor=1.0)
+    b16 = moe.MoEBlock(_cfg(capacity_factor=1.0), get_policy("bf16"), rngs=nnx.Rngs(0))
+    for name, v in f32.param_dict().items():
+        getattr(b16, name)[...] = v
+    y32, a32 = nnx.jit(lambda b, x: b(x))(f32, x)
+    y16, a16 = nnx.jit(lambda b, x: b(x))(b16, x)
+    assert y16.dtype == jnp.bfloat16
+    for k in ("dropped_fraction", "load_max_over_mean", "lb_loss"):
+        assert float(a16[k]) == float(a32[k])
+    # three chained bfloat16 matmuls with cancellation: judge the error against the output's norm, not per element
+    rtol, _ = tol(jnp.bfloat16)
+    err = np.linalg.norm(np.asarray(y16, np.float64) - np.asarray(y32, np.float64)) / np.linalg.norm(np.asarray(y32))
+    assert 0 < err < rtol
