@@ -125,3 +125,44 @@ def train_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int | None = 
     a = analytics(cfg, seq_len)
     key = "per_layer_remat" if cfg.remat == "per-layer" else "no_remat"
     return a["train_memory_params_bytes"] + batch_size * a["seq_len"] * a["activation_bytes_per_token"][compute_dtype][key]
+
+
+def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict, batch_size: int, seq_len: int,
+                              compute_bytes: int = 4, param_bytes: int = 4) -> dict[str, float]:
+    """Per-device collective payload bytes one training step of a dense model should move, by mesh axis.
+
+    Payload convention (workbench.hlo): all-reduce = the array reduced, all-gather = the gathered (full) array,
+    reduce-scatter = the full input. What each strategy implies:
+      dp       data:  all-reduce of every gradient                                  = P
+      fsdp     data:  all-gather of every parameter with an embed dimension (once, kept for the backward pass)
+                      + reduction of every gradient (reduce-scatter, or all-reduce for unsharded ones)  = P_emb + P
+      tp       model: activations, Megatron: the output of every row-parallel matmul (attention out, MLP down, the
+                      vocab-sharded embedding lookup) in the forward pass and the input gradient of every
+                      column-parallel matmul (q, k, v projections are separate weights here: 3; the MLP's up (and
+                      gate) projections; the vocab-sharded head) in the backward pass, each (b/data, t, d)
+               data:  all-reduce of the per-device (model-sharded) gradients
+      fsdp+tp  model: as tp (the data-axis side is not modelled here)
+    Returns {} for strategies not modelled (sp, ep) and for MoE configs.
+    """
+    if cfg.is_moe:
+        return {}
+    D, M = int(mesh_shape.get("data", 1)), int(mesh_shape.get("model", 1))
+    g = param_groups(cfg)
+    P = sum(g.values()) * param_bytes
+    L, d, n, k, h, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    no_embed_dim = L * ((n * h + 2 * k * h + f) if cfg.bias else 0)  # biases without an embed dimension
+    P_emb = P - no_embed_dim * param_bytes
+    out: dict[str, float] = {}
+    if strategy == "dp" and D > 1:
+        out["data"] = P
+    elif strategy == "fsdp" and D > 1:
+        out["data"] = P_emb + P
+    if strategy in ("tp", "fsdp+tp") and M > 1:
+        units = L * (2 + 3 + (1 if cfg.mlp == "gelu" else 2)) + 2
+        out["model"] = units * (batch_size // D) * seq_len * d * compute_bytes
+        if strategy == "tp" and D > 1:
+            # gradients of model-sharded matmul weights are 1/M per device; norms, biases of d, positions are whole
+            sharded = g["attention"] - L * (d if cfg.bias else 0) + g["mlp"] - L * (d if cfg.bias else 0) \
+                + g["embedding"] + g["head"]
+            out["data"] = (sharded / M + (sum(g.values()) - sharded)) * param_bytes
+    return out

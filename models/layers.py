@@ -120,7 +120,8 @@ class Attention(nnx.Module):
     def out(self, o_btnh):
         y_btd = self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...])
         if self.cfg.bias:
-            y_btd = y_btd + self.b_d[...].astype(y_btd.dtype)
+            # added in float32 (the residual stream's dtype): the bias gradient then sums b*t terms in float32
+            y_btd = y_btd.astype(jnp.float32) + self.b_d[...]
         return y_btd
 
     def __call__(self, x_btd, positions_bt):
@@ -166,7 +167,8 @@ class MLP(nnx.Module):
         a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
         y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...])
         if self.bias:
-            y_btd = y_btd + self.b_d[...].astype(y_btd.dtype)
+            # added in float32 (the residual stream's dtype): the bias gradient then sums b*t terms in float32
+            y_btd = y_btd.astype(jnp.float32) + self.b_d[...]
         return y_btd, {}
 
 

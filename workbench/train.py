@@ -212,7 +212,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
                 keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
                 params, opt = keep(params, state["params"]), keep(opt, state["opt"])
             new_state.update(params=params, gmeta=gmeta, rest=rest, opt=opt, step=state["step"] + 1)
-            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
             return new_state, metrics
 
     def eval_step(params, gmeta, rest, batch):
@@ -312,7 +312,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
         return float(np.mean([float(v) for v in vals]))
 
-    eval_every = eval_every or max(steps // 4, 1)
+    eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
     losses: list = []
     metrics_log: list = []
     val_losses: list[tuple[int, float]] = [(0, evaluate())]
