@@ -454,7 +454,7 @@ def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
 
 
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto"):
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the first of TENSOR_AXES present with size > 1;
@@ -489,8 +489,8 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     }
     p_specs = {k: w_specs[k] for k in params}
 
-    def local(p, x_loc, bias):
-        logits = router_logits(x_loc, p["w_router_de"])
+    def local(p, x_loc, bias, jit_loc):
+        logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
         x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
         if mode != "padded":
             route, sums = route_group(logits, opt, None, bias)
@@ -523,8 +523,12 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
 
     bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
     sums_spec = {k: P() for k in STAT_KEYS}
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P()), out_specs=(tok_spec, sums_spec))
-    return fn(params, x_td, bias)
+    if jitter_td is None:
+        fn = jax.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
+                           out_specs=(tok_spec, sums_spec))
+        return fn(params, x_td, bias)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec))
+    return fn(params, x_td, bias, jitter_td)
 
 
 def _excl_cumsum(a, axis=-1):
@@ -623,9 +627,10 @@ class MoEBlock(nnx.Module):
     loss (aux_loss_coef·lb_loss + z_loss_coef·z_loss, add it to the training loss), lb_loss, z_loss,
     dropped_fraction, load_max_over_mean, router_entropy.
 
-    Expert parallelism is used when the mesh in context (or `mesh=`) has an `expert` axis of size > 1
-    (`expert_parallel=False` forces the local path). Optional config fields (getattr, default off):
-    router_jitter (ε), router_bias_rate (loss-free balancing step), router_renormalize, moe_groups.
+    Expert parallelism (see `_use_ep`): under strategy 'ep' rules with an `expert` mesh axis of size > 1, or, with
+    no rules in context, when the mesh in context (or `mesh=`) has one; `expert_parallel=False` forces the local
+    path. Optional config fields (getattr, default off): router_jitter (ε), router_bias_rate (loss-free balancing
+    step), router_renormalize, moe_groups, moe_a2a.
     """
 
     def __init__(self, cfg, policy, *, rngs: nnx.Rngs, mesh=None, expert_parallel: bool | None = None):
@@ -697,15 +702,15 @@ class MoEBlock(nnx.Module):
         x_td = x_btd.reshape(B * S, D)
         params = self.param_dict()
         bias_e = self.expert_bias[...] if self.bias_rate else None
+        jitter_td = None
+        if self.jitter and not self.deterministic:
+            jitter_td = jax.random.uniform(self.rngs.dropout(), (B * S, D), jnp.float32,
+                                           1.0 - self.jitter, 1.0 + self.jitter)
         ep = self._use_ep()
         if ep is not None:
             y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
-                                    tensor_axis=ep[1], a2a=self.a2a)
+                                    tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td)
         else:
-            jitter_td = None
-            if self.jitter and not self.deterministic:
-                jitter_td = jax.random.uniform(self.rngs.dropout(), (B * S, D), jnp.float32,
-                                               1.0 - self.jitter, 1.0 + self.jitter)
             y_td, sums = moe_local(params, x_td, self.opt, self.dot, self.compute_dtype, self.groups, bias_e,
                                    jitter_td)
         if self.bias_rate and not self.deterministic:
