@@ -131,15 +131,18 @@ def target_dtype(spec, policy_peak_dtype: str) -> tuple[str, str | None]:
     """The dtype to price with on `spec`, and a note when it differs from the policy's matmul dtype."""
     if policy_peak_dtype == "float4_e2m1fn" and "float4_e2m1fn" not in spec.peak_flops:
         return "float8_e4m3fn", f"{spec.name} has no FP4 units in the catalogue: MXFP4 priced as fp8"
+    if policy_peak_dtype == "float32" and spec.kind == "gpu" and "tf32" in spec.peak_flops:
+        return "tf32", ("float32 matmuls at JAX's default precision run as TF32 on NVIDIA tensor cores: priced at the "
+                        "tf32 peak")
+    if policy_peak_dtype == "float32" and spec.kind == "tpu":
+        return "bfloat16", ("float32 matmuls at JAX's default precision run as one bfloat16 pass on TPU MXUs: priced "
+                            "at the bfloat16 peak")
     return policy_peak_dtype, None
 
 
 # ------------------------------------------------------------------------------------------------ the study
 def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host_presets=("tiny", "small"),
         policies=None, host_steps: int = 10, out_dir: str = "reports/precision", record: bool = True) -> list[dict]:
-    import jax
-    import numpy as np
-
     from models.precision import available, get_policy
     from models.presets import get_config
     from models.quant import POLICY_ORDER, matmul_format
@@ -194,7 +197,6 @@ def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host
     os.makedirs(out_dir, exist_ok=True)
     figure(rows, os.path.join(out_dir, "precision_roofline.png"))
     write_table(rows, os.path.join(out_dir, "precision_roofline.md"))
-    del jax, np
     return rows
 
 

@@ -24,6 +24,7 @@ def grad_scaling_mode(cfg, seed: int = 0) -> str:
     (gradients then use this step's amax: current scaling). Measured: two steps, then read the state."""
     import jax
     import numpy as np
+
     from partitioning.mesh import make_mesh
     from workbench.data import Batches, shard_batch
     from workbench.train import build_train_step
@@ -43,7 +44,35 @@ def grad_scaling_mode(cfg, seed: int = 0) -> str:
 
 
 def run(presets=("tiny", "small"), steps=None, policies=None, batch_size: int = 8, seed: int = 0,
-        out_dir: str = "reports/precision", record: bool = True) -> dict:
+        out_dir: str = "reports/precision", record: bool = True, seeds=None) -> dict:
+    """Train every (preset, policy[, seed]); gaps are to float32 with the same seed. With several seeds the summary
+    also gives float32's own seed-to-seed spread: the noise floor a gap must clear to mean anything."""
+    seeds = list(seeds) if seeds else [seed]
+    outs = [_run_one(presets, steps, policies, batch_size, s, out_dir, record) for s in seeds]
+    out = outs[0] if len(outs) == 1 else {"runs": [r for o in outs for r in o["runs"]], "seeds": seeds}
+    if len(outs) > 1:
+        out["gaps_per_seed"] = {s: o["gaps"] for s, o in zip(seeds, outs)}
+        out["gaps"] = {}
+        out["float32_seed_spread"] = {}
+        for preset in presets:
+            pols = {p for o in outs for p in o["gaps"].get(preset, {})}
+            out["gaps"][preset] = {p: float(sum(o["gaps"][preset][p] for o in outs) / len(outs)) for p in pols
+                                   if all(o["gaps"].get(preset, {}).get(p) is not None for o in outs)}
+            f32 = [r["val_loss"] for r in out["runs"] if r["preset"] == preset and r.get("policy") == "float32"
+                   and "failed" not in r]
+            if len(f32) > 1:
+                out["float32_seed_spread"][preset] = (max(f32) - min(f32)) / (sum(f32) / len(f32))
+        if "fp8_delayed_gradient_scaling" in outs[0]:
+            out["fp8_delayed_gradient_scaling"] = outs[0]["fp8_delayed_gradient_scaling"]
+        if "tiny" in out["gaps"]:
+            g = out["gaps"]["tiny"]
+            out["target_tiny_within_2pct"] = {p: abs(g[p]) <= 0.02 for p in ("bf16", "fp8-delayed") if p in g}
+        os.makedirs(out_dir, exist_ok=True)
+        figure([r for r in out["runs"] if r.get("seed") == seeds[0]], os.path.join(out_dir, "precision_training.png"))
+    return out
+
+
+def _run_one(presets, steps, policies, batch_size, seed, out_dir, record) -> dict:
     import jax
 
     from models.precision import available
@@ -130,6 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps-small", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma list: repeat every run per seed (gap noise floor)")
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, 20 steps, three policies")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
@@ -142,8 +172,9 @@ def main(argv=None) -> int:
         out = run(("tiny",), {"tiny": 20}, ["float32", "bf16", "fp8-delayed"], a.batch, a.seed, a.out)
     else:
         pol = a.policies.split(",") if a.policies else None
+        seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else None
         out = run(tuple(a.presets.split(",")), {"tiny": a.steps_tiny, "small": a.steps_small}, pol, a.batch, a.seed,
-                  a.out)
+                  a.out, seeds=seeds)
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     return 0
 
