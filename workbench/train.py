@@ -156,7 +156,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(seed)))
     graphdef = nnx.split(abs_model, nnx.Param, gm, ...)[0]
     abs_state = jax.eval_shape(init_fn)
-    shardings = state_shardings(abs_state, mesh, rules)  # divisibility errors name the parameter
+    state_shardings(abs_state["params"], mesh, rules)  # first, so divisibility errors name the parameter path
+    shardings = state_shardings(abs_state, mesh, rules)
     abs_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
                  for k in ("inputs", "targets")}
 
