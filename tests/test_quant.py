@@ -258,7 +258,8 @@ def test_dynamic_loss_scale_rules():
 def test_amax_and_state_under_sharding():
     """8 simulated devices: x sharded over its rows, the jitted delayed-scaling module sees the global amax and keeps
     replicated state equal to the unsharded run."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rng = np.random.default_rng(4)
