@@ -83,6 +83,7 @@ class HardwareSpec:
         d = dtype_name(dtype)
         chain = {"float8_e4m3fn": ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "bfloat16", "float32"],
                  "float8_e5m2": ["float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn", "bfloat16", "float32"],
+                 "float4_e2m1fn": ["float4_e2m1fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
                  "int8": ["int8", "bfloat16", "float32"],
                  "float16": ["float16", "bfloat16", "float32"],
                  "bfloat16": ["bfloat16", "float32"],
