@@ -32,6 +32,25 @@ def test_enumeration_skips_batches_that_do_not_divide():
     assert wplan.enumerate_candidates("mixtral-8x7b", "tpu-v5e:2x2", batch=8, strategies=["ep"])
 
 
+def test_pruning_keeps_memory_savers_for_programs_that_do_not_fit():
+    from types import SimpleNamespace as NS
+
+    from workbench.predict import PredictSpec
+
+    def out(mesh, status, body=None):
+        return wplan.Outcome(PredictSpec("tiny", "tpu-v5e:2x2", "tp", mesh=mesh), status, body or {})
+
+    done = [out("data=2,model=2", "ranked", {"fits": True, "compiled": True, "compile_s": 1.0}),
+            out("data=1,model=4", "does-not-fit", {"fits": False, "compiled": False, "compile_s": 3.0}),
+            out("data=4,model=1", "invalid"),
+            out("data=8,model=1", "does-not-fit", {"fits": False, "compiled": False, "compile_s": None})]
+    ask = lambda mesh: wplan._prune_reason(NS(strategy="tp", mesh=mesh), done)
+    assert "already fits" in ask("data=2,model=2")
+    assert ask("data=1,model=4") is None  # did not fit: remat may help, so it is compiled
+    assert "cannot shard" in ask("data=4,model=1")
+    assert "state alone exceeds HBM" in ask("data=8,model=1")
+
+
 @needs_libtpu
 def test_zero_feasible_reports_the_smallest_overshoot(results_dir):
     # ~1.6e9 parameters replicated by dp: the sharded state alone overflows a v5e chip; nothing is compiled

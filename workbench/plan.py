@@ -1,8 +1,9 @@
 """Plan the partitioning of a model on a target: enumerate, compile, drop what does not fit, rank by predicted step.
 
 Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
-the per-shard batch divides). Every candidate goes through the same path as `workbench predict` (workbench.predict):
-lowered for the target's devices in this thread (tracing is Python), compiled in a thread pool (the XLA compilers
+the per-shard batch divides). Remat and microbatching only save memory, so by default they are compiled only for the
+strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every
+candidate goes through the same path as `workbench predict` (workbench.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a thread pool (the XLA compilers
 release the GIL), then predicted with workbench.roofline. Candidates whose rules cannot shard the model (a head count
 not divisible by the model axis, say) are listed as invalid with the reason; those that do not fit are dropped and
 kept for the overshoot report; the rest are ranked by predicted step time.
@@ -154,11 +155,23 @@ def default_workers() -> int:
     return max(1, min(4, n))
 
 
+def _tier(spec: wp.PredictSpec) -> int:
+    return 0 if (spec.remat == "none" and spec.microbatches == 1) else (1 if spec.microbatches == 1 else 2)
+
+
 def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None = None,
          max_candidates: int | None = 24, strategies: list[str] | None = None, policy: str = "bf16",
          overrides: str | None = None, workers: int | None = None, use_cache: bool = True, store: bool = True,
-         gpu_compiler: str = "auto", on_progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time. JSON-ready summary."""
+         exhaustive: bool = False, gpu_compiler: str = "auto",
+         on_progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time. JSON-ready summary.
+
+    Pruning (unless exhaustive): rematerialization and microbatching only save memory — they add recompute or
+    serialize the step — so a strategy × mesh whose plain program fits is not compiled again with them; per-layer
+    remat is tried where the plain one does not fit, microbatching where neither does. A mesh whose sharded state
+    alone overflows HBM, or that the rules cannot shard, gets no variants either (neither can help). Pruned
+    candidates are listed with the reason.
+    """
     t0 = time.perf_counter()
     t = topo.parse_target(target)
     cands = enumerate_candidates(preset, t.name, batch, seq, strategies, policy, overrides, gpu_compiler)
@@ -166,64 +179,107 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
         raise WorkbenchError(f"no candidate partitioning for {preset} on {t.name} with batch {batch}: the batch "
                              "divides no data axis; use a batch that is a multiple of the chip count")
     total = len(cands)
-    if max_candidates is not None:
-        if max_candidates < 1:
-            raise WorkbenchError(f"--max-candidates must be >= 1, got {max_candidates}")
-        cands = cands[:max_candidates]
+    if max_candidates is not None and max_candidates < 1:
+        raise WorkbenchError(f"--max-candidates must be >= 1, got {max_candidates}")
+    budget = max_candidates if max_candidates is not None else total
     compiler = topo.gpu_compiler_for(t, gpu_compiler)
     if compiler == "cpu-sim" and use_cache:
         from workbench.devices import enable_compilation_cache
 
         enable_compilation_cache()
     workers = workers or default_workers()
-    outcomes: list[Outcome | None] = [None] * len(cands)
-    done = 0
+    outcomes: list[Outcome] = []
+    pruned: list[dict] = []
+    state = {"done": 0, "expected": min(budget, sum(1 for c in cands if exhaustive or _tier(c) == 0))}
 
     def tick(msg: str):
-        nonlocal done
-        done += 1
+        state["done"] += 1
         if on_progress:
-            on_progress(done, len(cands), msg)
+            on_progress(state["done"], max(state["expected"], state["done"]), msg)
 
-    pending: dict[cf.Future, tuple[int, wp.Lowered, str | None]] = {}
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
-        for i, spec in enumerate(cands):
-            label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
-            try:
-                lw = wp.lower(spec)  # tracing stays on this thread
-            except WorkbenchError as e:
-                outcomes[i] = Outcome(spec, "invalid", reason=str(e))
-                tick(label + " (invalid)")
-                continue
-            if lw.lowered is None:  # the sharded state alone overflows HBM: no compile needed
-                body = wp.predict_lowered(lw)
-                outcomes[i] = _finish(spec, body, store)
-                tick(label + " (state exceeds HBM)")
-                continue
-            key = cache_key(lw) if (use_cache and compiler != "cpu-sim") else None
-            hit = cache_get(key) if key else None
-            if hit is not None:
-                outcomes[i] = _finish(spec, hit["body"], store, cost=hit.get("costs"),
-                                      prediction=hit.get("prediction"), cached=True)
-                tick(label + " (cached)")
-                continue
-            pending[pool.submit(wp.compile_lowered, lw)] = (i, lw, key)
-            # keep at most 2x workers lowered programs in memory
-            while len(pending) >= 2 * workers:
-                _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
-        while pending:
-            _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
+        for tier in (0, 1, 2):
+            group = [c for c in cands if _tier(c) == tier]
+            if not exhaustive and tier > 0:
+                keep = []
+                for c in group:
+                    why = _prune_reason(c, outcomes)
+                    if why:
+                        pruned.append({"strategy": c.strategy, "mesh": c.mesh, "remat": c.remat,
+                                       "microbatches": c.microbatches, "reason": why})
+                    else:
+                        keep.append(c)
+                group = keep
+            room = budget - len(outcomes)
+            if room <= 0:
+                break
+            group = group[:room]
+            state["expected"] = len(outcomes) + len(group) if tier > 0 else state["expected"]
+            outcomes.extend(_run(group, pool, workers, compiler, use_cache, store, tick))
     elapsed = time.perf_counter() - t0
-    result = summarize(preset, t, cands, [o for o in outcomes if o is not None], total, elapsed, workers,
+    result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
                        compiler if t.kind == "gpu" else "libtpu")
+    result["pruned"] = pruned
+    result["n_pruned"] = len(pruned)
+    result["exhaustive"] = exhaustive
     if store:
         from workbench.results import Store, make_record
 
         Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
                                             "seq": result["seq"], "max_candidates": max_candidates,
-                                            "strategies": strategies, "policy": policy, "overrides": overrides},
-                                   extra={k: v for k, v in result.items() if k != "candidates"}))
+                                            "strategies": strategies, "policy": policy, "overrides": overrides,
+                                            "exhaustive": exhaustive},
+                                   extra=result))
     return result
+
+
+def _prune_reason(c: wp.PredictSpec, outcomes: list[Outcome]) -> str | None:
+    """Why a remat/microbatched variant need not be compiled, judging by its strategy × mesh's earlier outcomes."""
+    same = [o for o in outcomes if o.spec.strategy == c.strategy and o.spec.mesh == c.mesh]
+    if not same:
+        return None
+    if any(o.status == "invalid" for o in same):
+        return "the rules cannot shard the model on this mesh"
+    if any(o.body and o.body.get("compiled") is False and o.body.get("compile_s") is None for o in same):
+        return "the sharded state alone exceeds HBM: remat and microbatching cannot help"
+    fitting = [o for o in same if o.status == "ranked"]
+    if fitting:
+        f = fitting[0].spec
+        return (f"{c.strategy} on {c.mesh} already fits with remat {f.remat}, {f.microbatches} microbatch(es); "
+                "remat/microbatching would only add recompute or serialize the step")
+    return None
+
+
+def _run(group: list[wp.PredictSpec], pool, workers: int, compiler: str, use_cache: bool, store: bool,
+         tick) -> list[Outcome]:
+    """Lower each spec on this thread, compile in the pool (cache first), predict; outcomes in input order."""
+    outcomes: list[Outcome | None] = [None] * len(group)
+    pending: dict[cf.Future, tuple[int, wp.Lowered, str | None]] = {}
+    for i, spec in enumerate(group):
+        label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
+        try:
+            lw = wp.lower(spec)  # tracing stays on this thread
+        except WorkbenchError as e:
+            outcomes[i] = Outcome(spec, "invalid", reason=str(e))
+            tick(label + " (invalid)")
+            continue
+        if lw.lowered is None:  # the sharded state alone overflows HBM: no compile needed
+            outcomes[i] = _finish(spec, wp.predict_lowered(lw), store)
+            tick(label + " (state exceeds HBM)")
+            continue
+        key = cache_key(lw) if (use_cache and compiler != "cpu-sim") else None
+        hit = cache_get(key) if key else None
+        if hit is not None:
+            outcomes[i] = _finish(spec, hit["body"], store, cost=hit.get("costs"),
+                                  prediction=hit.get("prediction"), cached=True)
+            tick(label + " (cached)")
+            continue
+        pending[pool.submit(wp.compile_lowered, lw)] = (i, lw, key)
+        while len(pending) >= 2 * workers:  # at most 2x workers lowered programs held in memory
+            _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
+    while pending:
+        _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
+    return [o for o in outcomes if o is not None]
 
 
 def _drain(pending, outcomes, store, tick, how):

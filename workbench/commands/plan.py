@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         workers: Optional[int] = typer.Option(None, "--workers", help="parallel compiles (default: cores, max 4)"),
         no_cache: bool = typer.Option(False, "--no-cache", help="ignore cached candidate outcomes"),
+        exhaustive: bool = typer.Option(False, "--exhaustive",
+                                        help="also compile remat/microbatched variants of programs that already fit"),
         gpu_compiler: str = typer.Option("auto", "--gpu-compiler", help="GPU targets: auto | xla-gpu | cpu-sim"),
         top: int = typer.Option(12, "--top", help="rows of the ranking table"),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
 
             r = plan(preset, tgt.name, batch=batch, seq=seq, max_candidates=max_candidates, strategies=strats,
                      policy=policy, overrides=set_, workers=workers, use_cache=not no_cache,
-                     gpu_compiler=gpu_compiler, on_progress=on_progress)
+                     exhaustive=exhaustive, gpu_compiler=gpu_compiler, on_progress=on_progress)
         if as_json:
             emit_json(r)
             return
@@ -78,6 +80,6 @@ def register(app: typer.Typer) -> None:
                  "comm s": x["comm_s"], "cached": "yes" if x["cached"] else ""} for x in r["ranking"][:top]]
         table(rows, f"workbench plan · {preset} on {tgt.name} · batch {r['batch']} × seq {r['seq']}")
         print(f"{r['n_feasible']} feasible of {r['candidates_tried']} tried ({r['candidates_enumerated']} enumerated; "
-              f"{r['n_does_not_fit']} do not fit, {r['n_invalid']} invalid) in {fmt(r['elapsed_s'])}s "
-              f"with {r['workers']} workers")
+              f"{r['n_does_not_fit']} do not fit, {r['n_invalid']} invalid, {r['n_pruned']} pruned: remat/"
+              f"microbatching of programs that already fit) in {fmt(r['elapsed_s'])}s with {r['workers']} workers")
         print(r["explanation"])
