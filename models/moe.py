@@ -460,10 +460,12 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the first of TENSOR_AXES present with size > 1;
     None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`."""
     mesh = mesh if mesh is not None else current_mesh()
-    if mesh is None or expert_axis not in mesh.axis_names:
-        raise WorkbenchError(f"expert parallelism needs a mesh with an {expert_axis!r} axis in context "
-                             "(use --strategy ep or pass mesh=)")
-    ep = mesh.shape[expert_axis]
+    if mesh is None:
+        raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
+    # no expert axis: ep = 1, every device holds all experts and routes its own tokens (no all-to-all)
+    has_ep_axis = expert_axis in mesh.axis_names and mesh.shape[expert_axis] > 1
+    ep = mesh.shape[expert_axis] if has_ep_axis else 1
+    ex = expert_axis if has_ep_axis else None
     E = opt.n_experts
     check_routing_args(E, opt.top_k, opt.capacity_factor, opt.router, opt.score, ep)
     token_axes, tensor = ep_axes(mesh, expert_axis)
@@ -478,14 +480,16 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     T_loc = T // n_tok_shards
     platform = mesh.devices.flat[0].platform if isinstance(mesh, jax.sharding.Mesh) else jax.devices()[0].platform
     mode = choose_a2a(a2a, opt, platform)
+    if ep == 1 and opt.capacity_factor is None and opt.router == "token-choice":
+        mode = "ragged"  # no exchange at all: sort + ragged_dot on the device's own rows
     # one routing group per device; dropless (None) gives C = T_loc: nothing can be dropped, padding pays for it
     C = expert_capacity(T_loc, E, opt.top_k, opt.capacity_factor)
     tok_spec = P(token_axes, None)
     w_specs = {
         "w_router_de": P(None, None),
-        "w_in_edf": P(expert_axis, None, tensor), "w_gate_edf": P(expert_axis, None, tensor),
-        "w_out_efd": P(expert_axis, tensor, None),
-        "b_in_ef": P(expert_axis, tensor), "b_out_ed": P(expert_axis, None),
+        "w_in_edf": P(ex, None, tensor), "w_gate_edf": P(ex, None, tensor),
+        "w_out_efd": P(ex, tensor, None),
+        "b_in_ef": P(ex, tensor), "b_out_ed": P(ex, None),
     }
     p_specs = {k: w_specs[k] for k in params}
 
@@ -502,7 +506,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         else:
             x_ecd = dispatch(x_loc, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
         # (E, C, D) -> (E_loc, ep·C, D): rows for expert e go to the device holding e
-        x_recv = jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
+        x_recv = x_ecd if ep == 1 else jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
         if opt.skip_experts:
             y_recv = x_recv
         else:
@@ -512,7 +516,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
                 y_recv = jax.lax.psum(y_recv, tensor)
             if "b_out_ed" in p:
                 y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
-        y_ecd = jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
+        y_ecd = y_recv if ep == 1 else jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
         if opt.router == "expert-choice":
             y = jnp.zeros((T_loc, D), jnp.float32).at[route["token_ec"].reshape(-1)].add(
                 (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, D))
@@ -577,6 +581,17 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     rag = jax.lax.ragged_all_to_all if mode == "ragged" else ragged_all_to_all_emulated
     order, token_r, group_sizes = sort_by_expert(route["expert_tk"], E)
     x_sorted = x_loc[token_r]  # (T_loc·K, D), rows sorted by global expert
+    if ep == 1:  # all experts here: no exchange
+        expert_r = route["expert_tk"].reshape(-1)[order]
+        if opt.skip_experts:
+            y_sorted = x_sorted
+        else:
+            pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+            y_sorted = experts_ragged(pl, x_sorted, group_sizes, expert_r, opt.mlp, compute_dtype)
+            if tensor is not None:
+                y_sorted = jax.lax.psum(y_sorted, tensor)
+            y_sorted = _add_out_bias(p, y_sorted, expert_r)
+        return unsort_combine(y_sorted, order, route["weight_tk"])
     in_off = _excl_cumsum(group_sizes).astype(jnp.int32)  # (E,) slice e starts here
     # per source s and local expert l: how many rows arrive  (ep·E_loc,) indexed s·E_loc + l
     recv_sizes = jax.lax.all_to_all(group_sizes, axis, 0, 0, tiled=True).astype(jnp.int32)
@@ -686,6 +701,11 @@ class MoEBlock(nnx.Module):
             rules = ctx[1]
             on = EXPERT_AXIS in rules.mesh_axes_for("experts")
             tensor = next((a for a in rules.mesh_axes_for("mlp") if a in mesh.axis_names and mesh.shape[a] > 1), None)
+            token_devices = mesh.size // (mesh.shape[tensor] if tensor else 1)
+            if not (on and EXPERT_AXIS in mesh.axis_names and mesh.shape[EXPERT_AXIS] > 1) and token_devices > 1:
+                # tokens sharded but experts not: route per device in shard_map (ep = 1). Left to XLA's
+                # propagation, the global-capacity dispatch is replicated: every device computes every expert row.
+                return mesh, tensor
         else:
             mesh = mesh if mesh is not None else current_mesh()
             on = True

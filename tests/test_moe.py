@@ -403,3 +403,37 @@ def test_bf16_policy_routes_identically_and_stays_within_the_bf16_tolerance():
     rtol, _ = tol(jnp.bfloat16)
     err = np.linalg.norm(np.asarray(y16, np.float64) - np.asarray(y32, np.float64)) / np.linalg.norm(np.asarray(y32))
     assert 0 < err < rtol
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.parametrize("strategy,spec,groups,kw", [("dp", "data=8", 8, dict(capacity_factor=1.0)),
+                                                    ("tp", "data=2,model=4", 2, dict())])
+def test_dp_and_tp_route_per_device_like_local_groups(strategy, spec, groups, kw):
+    """Without an expert axis, under the partitioning rules each device routes its own tokens (ep = 1, no
+    all-to-all; the tensor axis splits d_ff): equal to the local layer with one routing group per token shard."""
+    from partitioning.mesh import make_mesh
+    from partitioning.shard import activation_sharding
+
+    mesh = make_mesh(spec)
+    blk = _block(n_experts=4, **kw)
+    x = jax.random.normal(jax.random.key(15), (8, 4, 8))
+
+    def loss(b, x):
+        y, aux = b(x)
+        return jnp.mean(y ** 2) + aux["loss"], (y, aux)
+
+    ref = nnx.clone(blk)
+    ref.groups = groups
+    (l0, (y0, a0)), g0 = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(ref, x)
+
+    @nnx.jit
+    def sharded(b, x):
+        with activation_sharding(mesh, strategy), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return nnx.value_and_grad(loss, has_aux=True)(b, x)
+
+    (l1, (y1, a1)), g1 = sharded(blk, x)
+    assert_close(y1, y0, jnp.float32)
+    for k in a0:
+        assert_close(a1[k], a0[k], jnp.float32)
+    for name in ("w_router_de", "w_in_edf", "w_out_efd"):
+        assert_close(g1[name][...], g0[name][...], jnp.float32, scale=10)

@@ -80,3 +80,15 @@ def test_layer_costs_match_the_layout(capsys, results_dir):
     rec = [json.loads(line) for line in (results_dir / "records.jsonl").read_text().splitlines()]
     assert rec[-1]["kind"] == "moe_layer" and rec[-1]["extra"]["all_to_all_bytes_per_device"] == \
         out["all_to_all_bytes_per_device"]
+
+
+@pytest.mark.compile_heavy
+def test_layer_under_dp_routes_per_device_without_replicating_experts(capsys, results_dir):
+    T, D, F, E, K, cf = 512, 16, 32, 4, 2, 1.25
+    out = _run(capsys, "moe", "layer", "--tokens", str(T), "--seq", "16", "--d-model", str(D), "--d-ff", str(F),
+               "--experts", str(E), "--top-k", str(K), "--capacity-factor", str(cf), "--mesh", "data=8",
+               "--strategy", "dp", "--no-record", "--json")
+    assert out["all_to_all_count"] == 0
+    C = math.ceil(cf * (T // 8) * K / E)
+    # each device runs its own (E, C) buffer: no device repeats another's expert rows
+    assert out["expert_flops_efficiency"] == pytest.approx((T * K / 8) / (E * C), rel=0.1)
