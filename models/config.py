@@ -51,6 +51,10 @@ class ModelConfig:
     z_loss_coef: float = 0.0
     # memory
     remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass)
+    # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
+    # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per
+    # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).
+    scan_layers: bool = False
 
     def __post_init__(self):
         # resolve the derived defaults first (frozen: object.__setattr__)

@@ -22,31 +22,49 @@ def init_cache(model, batch_size: int, max_len: int) -> dict:
         raise WorkbenchError(f"max_len={max_len} exceeds the model's learned positions ({cfg.seq_len})")
     dtype = model.head_dot.compute_dtype if hasattr(model.head_dot, "compute_dtype") else jnp.float32
     shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.scan_layers:  # stacked like the layer parameters: (n_layers, b, max_len, k, h)
+        return {"k": jnp.zeros((cfg.n_layers, *shape), dtype), "v": jnp.zeros((cfg.n_layers, *shape), dtype),
+                "index": jnp.zeros((), jnp.int32)}
     return {"k": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
             "v": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
             "index": jnp.zeros((), jnp.int32)}
 
 
+def _layer_cached(block, x_btd, positions_bt, mask_bts, k_cache, v_cache, start):
+    """One block on new tokens: write their keys/values into the cache at `start`, attend over the cache."""
+    h_btd = block.norm_attn(x_btd)
+    q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
+    k_bskh = jax.lax.dynamic_update_slice(k_cache, k_btkh.astype(k_cache.dtype), (0, start, 0, 0))
+    v_bskh = jax.lax.dynamic_update_slice(v_cache, v_btkh.astype(v_cache.dtype), (0, start, 0, 0))
+    o_btnh = block.attn.attend(q_btnh, k_bskh, v_bskh, mask_bts)
+    x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
+    y_btd, _ = block.mlp(block.norm_mlp(x_btd))
+    return x_btd + y_btd.astype(jnp.float32), k_bskh, v_bskh
+
+
 def _forward_cached(model, tokens_bt, cache):
+    from flax import nnx
+
     b, t = tokens_bt.shape
     start = cache["index"]
-    max_len = cache["k"][0].shape[1]
+    max_len = cache["k"][0].shape[1] if isinstance(cache["k"], list) else cache["k"].shape[2]
     positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
     # key position s is visible to query position p when s <= p (causal) — later cache slots are still empty
     mask_bts = positions_bt[:, :, None] >= jnp.arange(max_len, dtype=jnp.int32)[None, None, :]
     x_btd = model.embed(tokens_bt, positions_bt)
-    new_k, new_v = [], []
-    for i, block in enumerate(model.blocks):
-        h_btd = block.norm_attn(x_btd)
-        q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
-        k_bskh = jax.lax.dynamic_update_slice(cache["k"][i], k_btkh.astype(cache["k"][i].dtype), (0, start, 0, 0))
-        v_bskh = jax.lax.dynamic_update_slice(cache["v"][i], v_btkh.astype(cache["v"][i].dtype), (0, start, 0, 0))
-        o_btnh = block.attn.attend(q_btnh, k_bskh, v_bskh, mask_bts)
-        x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
-        y_btd, _ = block.mlp(block.norm_mlp(x_btd))
-        x_btd = x_btd + y_btd.astype(jnp.float32)
-        new_k.append(k_bskh)
-        new_v.append(v_bskh)
+    if model.cfg.scan_layers:
+        def body(x_btd, block, k_cache, v_cache):
+            x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, k_cache, v_cache, start)
+            return x_btd, (k, v)
+
+        x_btd, (new_k, new_v) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0))(
+            x_btd, model.blocks, cache["k"], cache["v"])
+    else:
+        new_k, new_v = [], []
+        for i, block in enumerate(model.blocks):
+            x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, cache["k"][i], cache["v"][i], start)
+            new_k.append(k)
+            new_v.append(v)
     return model.head(x_btd), {"k": new_k, "v": new_v, "index": start + t}
 
 

@@ -40,7 +40,15 @@ class Transformer(nnx.Module):
         self.w_vd = param(rngs, normal(0.02), (v, d), ("vocab", "embed"))  # token embedding (and tied head)
         if cfg.pos == "learned":
             self.w_sd = param(rngs, normal(0.01), (cfg.seq_len, d), (None, "embed"))  # learned positions
-        self.blocks = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
+        if cfg.scan_layers:  # parameters stacked on a leading layer axis (logical name None: never sharded)
+            @nnx.split_rngs(splits=cfg.n_layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+            def make_blocks(rngs):
+                return Block(cfg, policy, rngs)
+
+            self.blocks = make_blocks(rngs)
+        else:
+            self.blocks = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
         self.norm_f = Norm(cfg, rngs)
         if not cfg.tie_embeddings:
             self.w_dv = param(rngs, normal(0.02), (d, v), ("embed", "vocab"))  # output head
@@ -66,6 +74,13 @@ class Transformer(nnx.Module):
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         x_btd = self.embed(tokens_bt, positions_bt)
         call = _remat_block if self.cfg.remat == "per-layer" else _block
+        if self.cfg.scan_layers:
+            def body(x_btd, block):
+                return call(block, x_btd, positions_bt)
+
+            x_btd, aux_l = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(x_btd, self.blocks)
+            aux = {k: (v.sum() if k == "loss" else v.mean()).astype(jnp.float32) for k, v in aux_l.items()}
+            return self.head(x_btd), aux
         auxes = []
         for block in self.blocks:
             x_btd, aux = call(block, x_btd, positions_bt)

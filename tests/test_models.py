@@ -241,3 +241,37 @@ def test_parameters_carry_logical_axes():
             axes = v.get_metadata().get("out_sharding")
             assert axes is not None and len(axes) == v.ndim, path
             assert all(a is None or a in LOGICAL_AXES for a in axes), path
+
+
+def _stack_loop_params_into(loop_model, scan_model):
+    """Copy an unrolled model's per-layer parameters into a scanned model's stacked ones."""
+    pure = nnx.to_pure_dict(nnx.state(loop_model, nnx.Param))
+    blocks = pure.pop("blocks")
+    pure["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[blocks[i] for i in sorted(blocks)])
+    state = nnx.state(scan_model, nnx.Param)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(scan_model, state)
+
+
+@pytest.mark.parametrize("overrides", [LLAMA_TINY])
+def test_scanned_layers_match_unrolled(overrides):
+    cfg = get_config("tiny", overrides + ",seq_len=16" if overrides else "seq_len=16")
+    loop = Transformer(cfg, None, nnx.Rngs(0))
+    scan = Transformer(cfg.replace(scan_layers=True), None, nnx.Rngs(1))
+    assert count_params(scan) == count_params(loop) == analytics(cfg)["params_total"]
+    _stack_loop_params_into(loop, scan)
+    tok = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
+    loss = lambda m: jnp.square(m(tok)[0].astype(jnp.float32)).mean()
+    g_loop = nnx.jit(nnx.grad(loss))(loop)
+    g_scan = nnx.jit(nnx.grad(loss))(scan)
+    assert_close(nnx.jit(loss)(scan), nnx.jit(loss)(loop), "float32")
+    gl = nnx.to_pure_dict(g_loop)
+    gs = nnx.to_pure_dict(g_scan)
+    for i in sorted(gl["blocks"]):
+        jax.tree.map(lambda a, b: assert_close(b[i], a, "float32", scale=10), gl["blocks"][i], gs["blocks"])
+    assert_close(gs["w_vd"], gl["w_vd"], "float32", scale=10)
+    # KV-cache decoding works on stacked layers too
+    logits, cache = nnx.jit(lambda m, t: prefill(m, t, max_len=16))(scan, tok[:, :15])
+    l1, _ = nnx.jit(decode_step)(scan, tok[:, 15:16], cache)
+    full, _ = nnx.jit(lambda m, t: m(t))(scan, tok)
+    assert_close(l1[:, 0], full[:, 15], "float32")
