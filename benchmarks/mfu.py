@@ -2,6 +2,7 @@
 
     python -m benchmarks.mfu                      # 1 device (dp) + 8 simulated devices (dp, fsdp, tp, fsdp+tp)
     python -m benchmarks.mfu --steps 40 --batch 8 --preset small --devices 1,8
+    python -m benchmarks.mfu --set scan_layers=true --out reports/mfu_scan.json   # the scanned-layers variant
     python -m benchmarks.mfu --tiny               # a quick check that the script works (tiny preset, 4 steps)
 
 Each device count runs in its own process (the simulated device count is fixed when JAX starts). Every case trains
@@ -43,7 +44,8 @@ def _top_kernels(cost: dict, spec, n: int = 5) -> list[dict]:
     return sorted(out, key=lambda r: -r["roofline_s"])[:n]
 
 
-def worker(devices: int, preset: str, steps: int, batch: int, precision: str | None, cases=None) -> list[dict]:
+def worker(devices: int, preset: str, steps: int, batch: int, precision: str | None, cases=None,
+           overrides: str | None = None) -> list[dict]:
     from workbench.devices import request_devices
     from workbench.errors import WorkbenchError
 
@@ -59,20 +61,20 @@ def worker(devices: int, preset: str, steps: int, batch: int, precision: str | N
     rows = []
     for strategy, mesh_spec in cases or CASES.get(devices, [("dp", f"data={devices}")]):
         try:
-            r = train_model(get_config(preset), strategy=strategy, mesh=make_mesh(mesh_spec), steps=steps,
+            r = train_model(get_config(preset, overrides), strategy=strategy, mesh=make_mesh(mesh_spec), steps=steps,
                             batch_size=batch, precision=precision, progress=True, eval_every=steps, eval_batches=1)
         except WorkbenchError as e:  # e.g. tiny's 4 heads on a model=8 axis
             print(f"skipped {strategy} on {mesh_spec}: {e}", file=sys.stderr)
             continue
-        row = {"preset": preset, "devices": devices, "strategy": strategy, "mesh": mesh_spec,
+        row = {"preset": preset, "overrides": overrides or "", "devices": devices, "strategy": strategy, "mesh": mesh_spec,
                "precision": r["precision"], "step_s": r["step_s"], "step_s_iqr": r["step_s_iqr"],
                "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "replication": r["replication"],
                "predicted_step_s": (r["prediction"] or {}).get("predicted_s"),
                "host_ceiling_flops": r["mfu_ceiling_flops"], "loss_first": r["losses"][0],
                "loss_last": r["losses"][-1], "top_kernels": _top_kernels(r["cost"], spec),
                "wide_spread": (r["measurement"] or {}).get("wide_spread")}
-        rec = make_record("mfu", {"preset": preset, "strategy": strategy, "mesh": mesh_spec, "devices": devices,
-                                  "steps": steps, "batch": batch, "precision": r["precision"]},
+        rec = make_record("mfu", {"preset": preset, "overrides": overrides or "", "strategy": strategy,
+                                  "mesh": mesh_spec, "devices": devices, "steps": steps, "batch": batch, "precision": r["precision"]},
                           r["cost"], r["prediction"], r["measurement"],
                           extra={k: v for k, v in row.items() if k != "top_kernels"} | {"mfu_note": r["mfu_note"]})
         store.append(rec)
@@ -90,6 +92,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--precision", default=None, help="default: float32 on a CPU host")
+    ap.add_argument("--set", dest="overrides", default=None, help="model overrides, e.g. scan_layers=true")
     ap.add_argument("--tiny", action="store_true", help="quick self-check: tiny preset, 4 steps")
     ap.add_argument("--out", default="reports/mfu.json")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -97,13 +100,14 @@ def main(argv=None):
     if a.tiny:
         a.preset, a.steps = "tiny", 4
     if a.worker is not None:
-        rows = worker(a.worker, a.preset, a.steps, a.batch, a.precision)
+        rows = worker(a.worker, a.preset, a.steps, a.batch, a.precision, overrides=a.overrides)
         print(json.dumps(rows))
         return rows
     rows = []
     for n in [int(x) for x in a.devices.split(",") if x.strip()]:
         cmd = [sys.executable, "-m", "benchmarks.mfu", "--worker", str(n), "--preset", a.preset,
-               "--steps", str(a.steps), "--batch", str(a.batch)] + (["--precision", a.precision] if a.precision else [])
+               "--steps", str(a.steps), "--batch", str(a.batch)] + (["--precision", a.precision] if a.precision else []) \
+            + (["--set", a.overrides] if a.overrides else [])
         env = dict(os.environ)
         env.setdefault("JAX_PLATFORMS", "cpu")
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(HERE))
