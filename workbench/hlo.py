@@ -68,6 +68,7 @@ class Instr:
     operands: list[str]
     attrs: str
     is_root: bool
+    raw_operands: str = ""
 
     @property
     def shapes(self) -> list[Shape]:
@@ -116,7 +117,7 @@ def _parse_instr(line: str) -> Instr | None:
     j = _match_paren(rest, k)
     operand_str = rest[k + 1:j - 1]
     operands = re.findall(r"%([\w.\-]+)", operand_str)
-    return Instr(m.group(2), type_str, opcode, operands, rest[j:], bool(m.group(1)))
+    return Instr(m.group(2), type_str, opcode, operands, rest[j:], bool(m.group(1)), operand_str)
 
 
 @dataclasses.dataclass
@@ -275,6 +276,38 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
     return flops, trans
 
 
+def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
+                    shapes: dict[str, Shape]) -> tuple[float, float]:
+    """Bytes a fusion really moves when it slices its operands or updates a buffer in place: a parameter read only
+    through dynamic-slice costs the slices; a root dynamic-update-slice writes only the update (the buffer aliases
+    the output)."""
+    params = {}
+    for i in body:
+        if i.opcode == "parameter":
+            mnum = re.match(r"\s*(\d+)", i.raw_operands)
+            idx = int(mnum.group(1)) if mnum else None
+            params[i.name] = idx
+    users: dict[str, list[Instr]] = {}
+    for i in body:
+        for o in i.operands:
+            users.setdefault(o, []).append(i)
+    by = list(operand_bytes)
+    for name, idx in params.items():
+        if idx is None or idx >= len(by):
+            continue
+        us = users.get(name, [])
+        if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == name for u in us):
+            by[idx] = sum(u.out_bytes for u in us)
+    root = next((i for i in body if i.is_root), None)
+    if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+        buf, upd = root.operands[0], root.operands[1]
+        if buf in params and params[buf] is not None and params[buf] < len(by):
+            by[params[buf]] = 0.0  # aliased in place
+        upd_bytes = shapes[upd].bytes if upd in shapes else out_bytes
+        return sum(by), upd_bytes
+    return sum(by), out_bytes
+
+
 def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
     """Every kernel (fusion or unfused op) the device runs, with bytes in/out and estimated flops."""
     mod = mod or parse_module(text)
@@ -294,21 +327,30 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 continue
             if any(op.startswith(c) for c in COLLECTIVE_KINDS):
                 continue
-            bytes_in = sum(by_name[o].out_bytes for o in ins.operands if o in by_name)
+            operand_bytes = [by_name[o].out_bytes if o in by_name else 0.0 for o in ins.operands]
+            bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
             shp = ins.shapes
             if op == "fusion":
                 kind = (_attr(ins.attrs, "kind") or "fusion")
                 callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
-                flops, trans = _computation_cost(mod.computations.get(callee, []), shapes)
+                body = mod.computations.get(callee, [])
+                flops, trans = _computation_cost(body, shapes)
+                bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
             else:
                 kind = op
                 flops, trans = _computation_cost([ins], shapes)
+                if op == "dynamic-update-slice" and len(operand_bytes) > 1:
+                    # in place: reads and writes the update, not the whole buffer
+                    bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
+                elif op == "dynamic-slice":
+                    bytes_in = bytes_out + sum(operand_bytes[1:])
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  ins.out_bytes, flops, trans, m))
+                                  bytes_out, flops, trans, m))
     return out
 
 
-_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}")
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?"
+                          r"(?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}")
 
 
 def _expand_mesh_groups(m: re.Match) -> tuple[tuple[int, ...], ...]:
@@ -317,12 +359,14 @@ def _expand_mesh_groups(m: re.Match) -> tuple[tuple[int, ...], ...]:
     names = [a for a, _ in axes]
     sizes = [int(n) for _, n in axes]
     ids = np.arange(int(np.prod(sizes)))
-    if m.group(2):
-        ids = ids.reshape([int(x) for x in m.group(2).split(",")])
-        if m.group(3):
-            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+    for dims_g, perm_g in ((2, 3), (4, 5)):  # `<=[dims]T(perm)` or `device_ids=([dims]T(perm))`
+        if m.group(dims_g):
+            ids = ids.reshape([int(x) for x in m.group(dims_g).split(",")])
+            if m.group(perm_g):
+                ids = ids.transpose([int(x) for x in m.group(perm_g).split(",")])
+            ids = ids.reshape(-1)
     ids = ids.reshape(sizes)
-    group_axes = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(4))]
+    group_axes = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(6))]
     rest = [i for i in range(len(names)) if i not in group_axes]
     gsize = int(np.prod([sizes[i] for i in group_axes])) if group_axes else 1
     arr = np.transpose(ids, rest + group_axes).reshape(-1, gsize)
