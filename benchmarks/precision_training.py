@@ -36,7 +36,8 @@ def grad_scaling_mode(cfg, seed: int = 0) -> str:
     state = prog.state
     for i in range(2):
         state, _ = prog.step(state, shard_batch(b.train(i), prog.batch_sharding))
-    hist = [np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(state["rest"])
+    where = {k: state[k] for k in ("gmeta", "rest") if k in state}  # the train step keeps it in 'gmeta'
+    hist = [np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(where)
             if "g_amax_history" in jax.tree_util.keystr(path)]
     committed = any(np.any(h > 0) for h in hist)
     return "delayed (committed by the train step)" if committed else \
