@@ -356,13 +356,16 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     model_flops_step = an["train_flops_per_token"] * tokens
     use_hlo = cost.has_loops and cost.hlo_flops > 1.5 * cost.flops
     per_device_flops = cost.hlo_flops if use_hlo else cost.flops
+    from models.quant import matmul_format
+
     dtype = np.dtype(prog.policy.compute_dtype).name
-    spec, ceiling, ceiling_note = _ceiling(n_dev, dtype, hardware)
+    price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
+    spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     prediction = None
     if spec is not None:
         from workbench.roofline import predict
 
-        prediction = predict(cost, spec, dtype=dtype)
+        prediction = predict(cost, spec, dtype=price_dtype)
     step_s = measurement.median_s if measurement else None
     tokens_per_s = tokens / step_s if step_s else None
     mfu = model_flops_step / step_s / ceiling if (step_s and ceiling) else None
@@ -370,7 +373,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     base = unigram_baseline(batches.corpus)
     return {
         "preset_config": cfg.to_dict(), "strategy": prog.rules.name, "mesh": dict(mesh.shape), "n_devices": n_dev,
-        "precision": prog.policy.name, "precision_reason": precision_reason, "compute_dtype": dtype,
+        "precision": prog.policy.name, "precision_reason": precision_reason, "compute_dtype": dtype, "priced_dtype": price_dtype,
         "batch_size": batch_size, "seq_len": prog.seq_len, "microbatches": microbatches, "steps": steps,
         "seed": seed, "tokens_per_step": tokens,
         "losses": losses_f, "val_losses": [[s, v] for s, v in val_losses], "val_loss": val_losses[-1][1],
