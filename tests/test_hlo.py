@@ -129,3 +129,16 @@ def test_in_place_update_and_sliced_reads_count_only_the_slices():
 def test_device_ids_mesh_groups():
     spec = "mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}"
     assert hlo._expand_groups(spec) == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+def test_tpu_style_convolution_flops_use_dim_labels():
+    text = """HloModule m
+
+ENTRY %main (a: bf16[4,64,64], b: bf16[256,64,1]) -> f32[4,64,256] {
+  %a = bf16[4,64,64]{1,2,0} parameter(0)
+  %b = bf16[256,64,1]{0,1,2} parameter(1)
+  ROOT %c = f32[4,64,256]{2,1,0} convolution(%a, %b), window={size=1}, dim_labels=0bf_oi0->0bf
+}
+"""
+    (k,) = hlo.parse_kernels(text)
+    assert k.flops == 2 * (4 * 64 * 256) * 64

@@ -262,9 +262,13 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
                     for d in re.findall(r"\d+", cdims):
                         k *= lhs.dims[int(d)]
             else:
+                # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
                 if rhs is not None and rhs.dims:
-                    k = int(np.prod(rhs.dims)) // max(rhs.dims[-1], 1)
+                    labels = _attr(ins.attrs, "dim_labels") or ""
+                    rl = labels.split("_", 1)[1].split("->")[0] if "_" in labels else ""
+                    o = rl.index("o") if "o" in rl and len(rl) == len(rhs.dims) else len(rhs.dims) - 1
+                    k = int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
             flops += 2.0 * n * k
         elif ins.opcode in ELEMENTWISE_FLOP_OPS:
             flops += n
