@@ -49,6 +49,9 @@ class ModelConfig:
     router_score: str = "softmax"
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.0
+    router_jitter: float = 0.0  # multiplicative uniform noise on router inputs while training (0: off)
+    router_bias_rate: float = 0.0  # loss-free balancing: per-expert bias update rate (0: off)
+    moe_a2a: str = "auto"  # expert-parallel exchange: auto | padded | ragged | ragged-emulated (models/moe.py)
     # memory
     remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass)
     # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
@@ -76,6 +79,12 @@ class ModelConfig:
                               ("router_score", ROUTER_SCORES), ("remat", REMATS)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        from models.moe import A2A_MODES
+
+        if self.moe_a2a not in A2A_MODES:
+            raise WorkbenchError(f"model config moe_a2a={self.moe_a2a!r} is not one of {', '.join(A2A_MODES)}")
+        if self.router_jitter < 0 or self.router_bias_rate < 0:
+            raise WorkbenchError("model config router_jitter and router_bias_rate must be >= 0")
         if self.pos == "rope" and self.head_dim % 2:
             raise WorkbenchError(f"pos='rope' needs an even head_dim, got {self.head_dim}")
         if not isinstance(self.n_experts, int) or self.n_experts < 0 or self.n_experts == 1:

@@ -11,6 +11,13 @@ _LLAMA = dict(mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, tie_embeddin
 PRESETS: dict[str, tuple[dict, str]] = {
     "tiny": (dict(n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=256, seq_len=64, **_GPT),
              "workbench test model: byte-level vocabulary, compiles in seconds"),
+    "tiny-moe": (dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=256, seq_len=64, n_experts=8, top_k=2,
+                      capacity_factor=1.25, **_GPT),
+                 "workbench test model: `tiny` with a Mixtral-style 8-expert top-2 MLP (capacity factor 1.25)"),
+    "small-moe": (dict(n_layers=4, d_model=256, n_heads=4, d_ff=512, vocab_size=256, seq_len=256, n_experts=8,
+                       top_k=2, capacity_factor=1.25, n_kv_heads=2, **_LLAMA),
+                  "workbench CPU study model: Mixtral-style (RMSNorm, RoPE, SwiGLU, GQA, 8 experts top-2) at "
+                  "CPU scale"),
     "small": (dict(n_layers=4, d_model=512, n_heads=8, d_ff=2048, vocab_size=256, seq_len=256, **_GPT),
               "workbench demo model: ~12.9M parameters, byte-level GPT-2 style; trains on a CPU host"),
     "gpt2-small": (dict(n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab_size=50257, seq_len=1024, **_GPT),
