@@ -2,11 +2,12 @@
 
 Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
 the per-shard batch divides). Remat and microbatching only save memory, so by default they are compiled only for the
-strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every
-candidate goes through the same path as `workbench predict` (workbench.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a thread pool (the XLA compilers
-release the GIL), then predicted with workbench.roofline. Candidates whose rules cannot shard the model (a head count
-not divisible by the model axis, say) are listed as invalid with the reason; those that do not fit are dropped and
-kept for the overshoot report; the rest are ranked by predicted step time.
+strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every candidate
+goes through the same path as `workbench predict` (workbench.predict): lowered for the target's devices in this
+thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
+workbench.roofline. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
+say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
+rest are ranked by predicted step time.
 
 Caching. GPU targets compiled for simulated CPU devices use JAX's persistent compilation cache
 (workbench.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
