@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 
 
 def cache_dir() -> str:
@@ -244,6 +244,12 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         m = measure(c, xt, warmup=2, repeats=reps)
         tr[name] = {"per_s": depth * nel_t / m.median_s, "spread": m.spread, "elements": nel_t, "depth": depth}
     out["transcendentals"] = tr
+    # fixed cost of one call: a compiled program that does almost nothing (dispatch, argument handling, sync)
+    _say("calibrate: per-call overhead (a one-element program)", quiet)
+    one = jax.device_put(jnp.ones((1,), jnp.float32), dev)
+    c = jax.jit(lambda v: v + 1.0).lower(one).compile()
+    m = measure(c, one, warmup=3, repeats=reps)
+    out["call_overhead_s"] = m.median_s
     return out
 
 
@@ -292,6 +298,7 @@ def spec_from_calibration(cal: dict):
         interconnect=Interconnect("host-memory", bw, 1),
         first_touch_bw=cal.get("first_touch", {}).get("bytes_per_s"),
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
+        call_overhead_s=cal.get("call_overhead_s"),
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,

@@ -68,6 +68,7 @@ class HardwareSpec:
     physical_peak_flops: dict[str, float] | None = None  # host only: derived from CPU features
     first_touch_bw: float | None = None  # host only: bytes/s of page-faulting fresh large output buffers
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
+    call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None

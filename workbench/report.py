@@ -26,18 +26,21 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
     if spec.physical_peak_flops:
         peaks.update({f"{dt} (physical)": v for dt, v in spec.physical_peak_flops.items()})
     for i, (name, pk) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
-        ls, c = styles[i % len(styles)][0], f"C{i}"
+        ls, c = styles[i % len(styles)][0], plt.cm.Greys(0.45 + 0.15 * i)
         ax.plot(x, np.minimum(pk, bw * x), ls, color=c, lw=1.5, label=f"roof {name}: {pk / 1e9:.0f} GFLOP/s")
     ridge = spec.ridge(dtype)
     ax.axvline(ridge, color="grey", lw=0.8, ls=":")
     ax.annotate(f"ridge {ridge:.1f} FLOP/B\n(bw {bw / 1e9:.1f} GB/s)", (ridge, spec.peak(dtype)),
                 textcoords="offset points", xytext=(5, -30), fontsize=8, color="grey")
+    markers = "osD^vP*Xh"
     for j, p in enumerate(points):
-        c = f"C{(j % 7) + 3}"
+        c = plt.cm.tab10((j + 4) % 10)
+        mk = markers[j % len(markers)]
         if p.get("predicted_s"):
-            ax.scatter(p["intensity"], p["flops"] / p["predicted_s"], facecolors="none", edgecolors=c, s=50)
+            ax.scatter(p["intensity"], p["flops"] / p["predicted_s"], facecolors="none", edgecolors=[c], s=60,
+                       marker=mk)
         if p.get("measured_s"):
-            ax.scatter(p["intensity"], p["flops"] / p["measured_s"], color=c, s=35, label=p["label"])
+            ax.scatter(p["intensity"], p["flops"] / p["measured_s"], color=[c], s=35, marker=mk, label=p["label"])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte accessed)")

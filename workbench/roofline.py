@@ -4,7 +4,7 @@ Terms (seconds):
     compute_s       = flops / peak(dtype) + transcendentals / special-function rate (when the chip's rate is known)
     memory_s        = bytes / memory bandwidth (+ on the host: fresh large outputs / first-touch rate, see calibrate)
     comm_s          = Σ collective_time(kind, payload, group, interconnect) (partitioning/collectives.py)
-    kernel_s        = Σ over kernels of max(kernel compute, kernel memory): kernels run one after another, each
+    kernel_s        = (host: the measured per-call overhead) + Σ over kernels of max(kernel compute, kernel memory): kernels run one after another, each
                       bounded by its own roof (a program of many small memory-bound fusions is not saved by one
                       big compute-bound matmul). Used when the HLO kernel flops account for the compiler's total
                       (within 10%); otherwise max(compute_s, memory_s) and a note says why.
@@ -138,6 +138,9 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
         if cost.kernels:
             notes.append(f"HLO kernel flops ({kflops:.3g}) do not account for the compiler's ({ref:.3g}); "
                          "program-level roofline used")
+    if spec.call_overhead_s:
+        t_kernels += spec.call_overhead_s
+        notes.append(f"includes the measured per-call overhead {spec.call_overhead_s * 1e6:.0f} µs")
     intensity = flops / nbytes if nbytes else math.inf
     terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm}
     bound = max(terms, key=terms.get)

@@ -28,7 +28,7 @@ def print_table(rows: list[dict], columns: list[str] | None = None, title: str |
         t.add_column(c)
     for r in rows:
         t.add_row(*[fmt(r.get(c)) for c in columns])
-    Console().print(t)
+    Console(width=160 if not sys.stdout.isatty() else None).print(t)
 
 
 def fmt(v: Any) -> str:
