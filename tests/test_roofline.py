@@ -94,3 +94,36 @@ def test_catalogue_sources_everywhere():
         for key in ("hbm_bw", "hbm_bytes", "peak_flops.bfloat16", "interconnect.link_bw"):
             src = spec.sources[key]
             assert src.source and src.date, f"{spec.name}.{key} has no source/date"
+
+
+def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
+    spec = dataclasses.replace(CHIP, matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)))
+    assert spec.matmul_rate(64, "float32") == pytest.approx(1e12 * 10e12 / 5e12)
+    mid = spec.matmul_rate(362, "float32")  # ~halfway between 128 and 1024 in log space
+    assert 2e12 * 2 < mid < 3e12 * 2
+    assert spec.matmul_rate(8192, "bfloat16") == pytest.approx(100e12)  # the top of the curve is the dtype's peak
+
+
+def test_small_matmul_kernels_priced_on_the_curve():
+    from workbench.roofline import predict
+
+    spec = dataclasses.replace(CHIP, matmul_curve=((64, 1e12), (4096, 10e12)))
+    k = KernelCost("mm", "kOutput", "", 0.0, 0.0, 2e9, 0, 1, 2e9, 64.0)
+    cost = CostReport(flops=2e9, transcendentals=0, bytes_accessed=1.0, kernels=(k,))
+    p = predict(cost, spec)
+    assert p.kernel_s == pytest.approx(2e9 / 1e12)  # the rate a 64³ matmul reaches, not the 10 TFLOP/s peak
+    assert p.compute_s == pytest.approx(2e9 / 10e12)  # the program-level roofline still uses the peak
+
+
+def test_batched_dot_size_excludes_batch():
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.compile import compile_program
+
+    b, m, k, n = 16, 64, 32, 64
+    c = compile_program(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y), jax.ShapeDtypeStruct((b, m, k), jnp.float32),
+                        jax.ShapeDtypeStruct((b, k, n), jnp.float32))
+    dots = [kk for kk in c.cost.kernels if kk.dot_flops]
+    assert sum(kk.dot_flops for kk in dots) == 2 * b * m * k * n
+    assert max(kk.dot_size for kk in dots) == pytest.approx((m * n * k) ** (1 / 3))

@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 7
 
 
 def cache_dir() -> str:
@@ -184,6 +184,18 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         mm[dt] = {"n": n, "flops_per_s": fl / m.median_s, "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2,
                   "flops_per_s_best": fl / m.min_s, "spread": m.spread, "wide_spread": m.wide_spread}
     out["matmul"] = mm
+    # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak
+    curve = []
+    for cn in ((128, 256, 512) if quick else (128, 256, 512, 1024, 4096)):
+        _say(f"calibrate: float32 matmul {cn}³ (rate against size)", quiet)
+        a = jax.ShapeDtypeStruct((cn, cn), jnp.float32)
+        x, y = random_inputs((a, a), seed=5)
+        c = jax.jit(lambda p, q: p @ q).lower(x, y).compile()
+        m = measure(c, x, y, warmup=2, repeats=reps)
+        curve.append({"n": cn, "flops_per_s": 2.0 * cn**3 / m.median_s, "spread": m.spread})
+    curve.append({"n": mm["float32"]["n"], "flops_per_s": mm["float32"]["flops_per_s"],
+                  "spread": mm["float32"]["spread"]})
+    out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
     out["physical"] = physical_peaks(feat, measured_f32=max(v["flops_per_s_best"] for v in mm.values()))
     # streaming bandwidth, buffers far larger than the last-level cache
     llc = feat["llc_bytes"] or 32 * 2**20
@@ -299,6 +311,7 @@ def spec_from_calibration(cal: dict):
         first_touch_bw=cal.get("first_touch", {}).get("bytes_per_s"),
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
+        matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,

@@ -69,6 +69,29 @@ class HardwareSpec:
     first_touch_bw: float | None = None  # host only: bytes/s of page-faulting fresh large output buffers
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
+    matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
+
+    def matmul_rate(self, size: float, dtype) -> float:
+        """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,
+        interpolated in log(size) and scaled to the dtype's peak; the peak where no curve was measured."""
+        peak = self.peak(dtype)
+        if not self.matmul_curve or size <= 0:
+            return peak
+        import math
+
+        pts = sorted(self.matmul_curve)
+        top = max(r for _, r in pts)
+        if size <= pts[0][0]:
+            r = pts[0][1]
+        elif size >= pts[-1][0]:
+            r = pts[-1][1]
+        else:
+            for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
+                if n0 <= size <= n1:
+                    f = (math.log(size) - math.log(n0)) / (math.log(n1) - math.log(n0))
+                    r = r0 + f * (r1 - r0)
+                    break
+        return min(peak, r * peak / top)
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None

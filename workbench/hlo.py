@@ -220,6 +220,8 @@ class KernelCost:
     flops: float
     transcendentals: float
     count: int = 1
+    dot_flops: float = 0.0  # of `flops`, those in dots/convolutions
+    dot_size: float = 0.0  # cube root of m·n·k of the largest dot (per batch element); 0 without dots
 
     @property
     def bytes(self) -> float:
@@ -248,19 +250,26 @@ class CollectiveOp:
     mesh_axes: tuple[str, ...] = ()
 
 
-def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float]:
-    flops = trans = 0.0
+def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
+    """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
+    root of m·n·k per batch element: what decides how close a matmul library gets to peak."""
+    flops = trans = dot_flops = dot_size = 0.0
     for ins in instrs:
         out = ins.shapes
         n = out[0].elements if out else 0
         if ins.opcode in ("dot", "convolution"):
             k = 1
+            batch = 1
             if ins.opcode == "dot":
                 lhs = shapes.get(ins.operands[0]) if ins.operands else None
                 cdims = _attr(ins.attrs, "lhs_contracting_dims")
                 if lhs is not None and cdims:
                     for d in re.findall(r"\d+", cdims):
                         k *= lhs.dims[int(d)]
+                bdims = _attr(ins.attrs, "lhs_batch_dims")
+                if lhs is not None and bdims:
+                    for d in re.findall(r"\d+", bdims):
+                        batch *= lhs.dims[int(d)]
             else:
                 # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
@@ -270,6 +279,8 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
                     o = rl.index("o") if "o" in rl and len(rl) == len(rhs.dims) else len(rhs.dims) - 1
                     k = int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
             flops += 2.0 * n * k
+            dot_flops += 2.0 * n * k
+            dot_size = max(dot_size, (max(n // max(batch, 1), 1) * k) ** (1.0 / 3.0))
         elif ins.opcode in ELEMENTWISE_FLOP_OPS:
             flops += n
             if ins.opcode in TRANSCENDENTAL_OPS:
@@ -277,7 +288,7 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
         elif ins.opcode == "reduce" and ins.operands:
             src = shapes.get(ins.operands[0])
             flops += src.elements if src else 0
-    return flops, trans
+    return flops, trans, dot_flops, dot_size
 
 
 def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
@@ -338,18 +349,18 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 kind = (_attr(ins.attrs, "kind") or "fusion")
                 callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
-                flops, trans = _computation_cost(body, shapes)
+                flops, trans, dflops, dsize = _computation_cost(body, shapes)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
             else:
                 kind = op
-                flops, trans = _computation_cost([ins], shapes)
+                flops, trans, dflops, dsize = _computation_cost([ins], shapes)
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
                     # in place: reads and writes the update, not the whole buffer
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  bytes_out, flops, trans, m))
+                                  bytes_out, flops, trans, m, dflops, dsize))
     return out
 
 

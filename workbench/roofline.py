@@ -4,9 +4,11 @@ Terms (seconds):
     compute_s       = flops / peak(dtype) + transcendentals / special-function rate (when the chip's rate is known)
     memory_s        = bytes / memory bandwidth (+ on the host: fresh large outputs / first-touch rate, see calibrate)
     comm_s          = Σ collective_time(kind, payload, group, interconnect) (partitioning/collectives.py)
-    kernel_s        = (host: the measured per-call overhead) + Σ over kernels of max(kernel compute, kernel memory): kernels run one after another, each
-                      bounded by its own roof (a program of many small memory-bound fusions is not saved by one
-                      big compute-bound matmul). Used when the HLO kernel flops account for the compiler's total
+    kernel_s        = Σ over kernels of max(kernel compute, kernel memory) (+ on the host the measured per-call
+                      overhead): kernels run one after another, each bounded by its own roof (a program of many
+                      small memory-bound fusions is not saved by one big compute-bound matmul). On the host a
+                      kernel's matmuls run at the measured rate for their size (calibrate's rate-against-size
+                      curve), not at the peak. Used when the HLO kernel flops account for the compiler's total
                       (within 10%); otherwise max(compute_s, memory_s) and a note says why.
     predicted_serial_s  = kernel_s + comm_s            (no compute/communication overlap)
     predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline)
@@ -128,8 +130,13 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     ref = cost.hlo_flops if use_hlo else cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
         t_kernels = 0.0
+        curve = bool(spec.matmul_curve)
         for k in cost.kernels:
-            kc = k.flops / peak + (k.transcendentals / rate if rate else 0.0)
+            if curve and k.dot_flops:
+                kc = (k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak
+                      + (k.transcendentals / rate if rate else 0.0))
+            else:
+                kc = k.flops / peak + (k.transcendentals / rate if rate else 0.0)
             km = k.bytes / bw
             t_kernels += max(kc, km) * k.count
         t_kernels = t_kernels * mult + t_touch
