@@ -300,6 +300,8 @@ def spec_from_calibration(cal: dict):
     date = cal.get("time", "")[:10]
     src_m = Source("measured by `workbench calibrate` (XLA on this host, median of repeats)", date)
     peaks = {dt: v["flops_per_s"] for dt, v in cal["matmul"].items()}
+    if cal.get("matmul_curve"):  # float32: the best rate XLA reached over the sizes measured
+        peaks["float32"] = max(peaks["float32"], *(r["flops_per_s"] for r in cal["matmul_curve"]))
     bw = cal["stream"]["bytes_per_s"]
     tr = cal["transcendentals"]
     rate = sorted(v["per_s"] for v in tr.values())[len(tr) // 2]  # the median function
