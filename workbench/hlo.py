@@ -424,6 +424,14 @@ def mesh_axes_of_groups(groups, mesh) -> tuple[str, ...]:
             arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
             if {frozenset(int(x) for x in row) for row in arr} == target:
                 return tuple(names[a] for a in axes)
+    # groups inside one axis's groups but smaller (XLA split the axis): the smallest such axis set, marked "[part]"
+    for r in range(1, len(names) + 1):
+        for axes in itertools.combinations(range(len(names)), r):
+            rest = [a for a in range(len(names)) if a not in axes]
+            arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
+            rows = [frozenset(int(x) for x in row) for row in arr]
+            if all(any(g <= row for row in rows) for g in target if len(g) > 1):
+                return tuple(f"{names[a]}[part]" for a in axes)
     return ()
 
 
@@ -466,7 +474,11 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
                     gsize, ngroups = len(groups[0]), len(groups)
                 else:  # empty replica_groups: all devices in one group
                     gsize, ngroups = (n_devices or 1), 1
-            axes = mesh_axes_of_groups(groups, mesh) if kind != "collective-permute" else ()
+                    if n_devices:
+                        groups = (tuple(range(n_devices)),)
+            axes = mesh_axes_of_groups(groups, mesh)
+            if kind == "collective-permute" and axes:  # point-to-point pairs lie along these axes
+                axes = tuple(a if a.endswith("[part]") else f"{a}[part]" for a in axes) if len(groups) else axes
             out.append(CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups,
                                     is_async, m, groups if len(groups) <= 64 else (), axes))
     return out
