@@ -19,14 +19,6 @@ from workbench.testing import assert_close
 LLAMA_TINY = "pos=rope,norm=rmsnorm,mlp=swiglu,n_kv_heads=2,bias=false,tie_embeddings=false"
 
 
-def _has_moe():
-    try:
-        import models.moe  # noqa: F401
-        return True
-    except ModuleNotFoundError:
-        return False
-
-
 # ------------------------------------------------------------------------------------------- presets and analytics
 @pytest.mark.parametrize("preset,total", [("llama2-7b", 6738415616), ("llama3-8b", 8030261248),
                                           ("llama3-70b", 70553706496), ("mixtral-8x7b", 46702792704)])
@@ -51,8 +43,6 @@ VARIANTS = [("tiny", ""), ("small", ""), ("tiny", LLAMA_TINY), ("tiny", "bias=tr
 @pytest.mark.parametrize("preset,overrides", VARIANTS)
 def test_instantiated_params_equal_analytics(preset, overrides):
     cfg = get_config(preset, overrides)
-    if cfg.is_moe and not _has_moe():
-        pytest.skip("models/moe.py not present")
     model = nnx.eval_shape(lambda: Transformer(cfg, None, nnx.Rngs(0)))  # abstract: no memory
     assert count_params(model) == analytics(cfg)["params_total"]
 

@@ -96,8 +96,6 @@ def _snapshot(preset: str) -> dict:
     """Layer 0 and the non-layer parameters of the preset (layers are identical: built with two layers, layer 1
     checked equal to layer 0), per strategy on its mesh. Abstract state only: nothing is materialised."""
     cfg = get_config(preset)
-    if cfg.is_moe:
-        pytest.importorskip("models.moe")
     cfg = cfg.replace(n_layers=min(cfg.n_layers, 2))
     abstract = nnx.state(nnx.eval_shape(lambda: Transformer(cfg, None, nnx.Rngs(0))), nnx.Param)
     out = {}
