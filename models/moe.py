@@ -569,6 +569,18 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
     return result
 
 
+
+def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor):
+    """Rows grouped by (local) expert through the experts (dropless, ragged_dot); partial sums over the tensor axis
+    reduced; the output bias added. With opt.skip_experts the rows pass through (flop attribution)."""
+    if opt.skip_experts:
+        return x_rows
+    pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+    y = experts_ragged(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype)
+    if tensor is not None:
+        y = jax.lax.psum(y, tensor)
+    return _add_out_bias(p, y, expert_r)
+
 def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype):
     """Dropless EP with ragged all-to-all: send each expert exactly its rows, compute with ragged_dot, send back.
 
@@ -586,14 +598,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_sorted = x_loc[token_r]  # (T_loc·K, D), rows sorted by global expert
     if ep == 1:  # all experts here: no exchange
         expert_r = route["expert_tk"].reshape(-1)[order]
-        if opt.skip_experts:
-            y_sorted = x_sorted
-        else:
-            pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-            y_sorted = experts_ragged(pl, x_sorted, group_sizes, expert_r, opt.mlp, compute_dtype)
-            if tensor is not None:
-                y_sorted = jax.lax.psum(y_sorted, tensor)
-            y_sorted = _add_out_bias(p, y_sorted, expert_r)
+        y_sorted = _local_experts(p, x_sorted, group_sizes, expert_r, opt, compute_dtype, tensor)
         return unsort_combine(y_sorted, order, route["weight_tk"])
     in_off = _excl_cumsum(group_sizes).astype(jnp.int32)  # (E,) slice e starts here
     # per source s and local expert l: how many rows arrive  (ep·E_loc,) indexed s·E_loc + l
@@ -609,14 +614,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_recv = rag(x_sorted, buf, in_off, group_sizes, out_off, recv_sizes, axis_name=axis)
     # local expert of each received row (rows past the last group are padding: computed as zeros, never sent back)
     expert_r = jnp.clip(jnp.searchsorted(jnp.cumsum(gs_local), jnp.arange(M), side="right"), 0, E_loc - 1)
-    if opt.skip_experts:
-        y_recv = x_recv
-    else:
-        pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-        y_recv = experts_ragged(pl, x_recv, gs_local, expert_r, opt.mlp, compute_dtype)
-        if tensor is not None:
-            y_recv = jax.lax.psum(y_recv, tensor)
-        y_recv = _add_out_bias(p, y_recv, expert_r)
+    y_recv = _local_experts(p, x_recv, gs_local, expert_r, opt, compute_dtype, tensor)
     # back: slice s·E_loc + l returns to source s, landing where that source's slice for expert (me·E_loc + l) began
     back_off = jax.lax.all_to_all(in_off, axis, 0, 0, tiled=True).astype(jnp.int32)
     y_sorted = rag(y_recv.astype(x_sorted.dtype), jnp.zeros_like(x_sorted), recv_off, recv_sizes, back_off,
