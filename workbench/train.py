@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding
 from models.config import ModelConfig
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
-from workbench.errors import RecompileError, WorkbenchError
+from workbench.errors import WorkbenchError
 
 
 # ------------------------------------------------------------------------------------------------- optimizer
@@ -419,10 +419,3 @@ class _Bar:
         if self.p is not None:
             self.p.__exit__(*exc)
 
-
-def check_no_recompile(jitted, before: int):
-    """Raise RecompileError when a jitted function's cache grew (used by callers that drive jitted steps)."""
-    after = jitted._cache_size()
-    if after != before:
-        raise RecompileError(f"the training step recompiled ({before} -> {after} executables): input shapes, dtypes "
-                             "or shardings changed between steps")
