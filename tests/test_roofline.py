@@ -127,3 +127,13 @@ def test_batched_dot_size_excludes_batch():
     dots = [kk for kk in c.cost.kernels if kk.dot_flops]
     assert sum(kk.dot_flops for kk in dots) == 2 * b * m * k * n
     assert max(kk.dot_size for kk in dots) == pytest.approx((m * n * k) ** (1 / 3))
+
+
+def test_warns_when_compiler_bytes_dwarf_the_kernels():
+    from workbench.roofline import predict
+
+    k = KernelCost("f", "kLoop", "", 1e6, 1e6, 1e6, 0)
+    p = predict(CostReport(flops=1e6, transcendentals=0, bytes_accessed=1e9, kernels=(k,)), CHIP)
+    assert any("mispriced" in n for n in p.notes)
+    p = predict(CostReport(flops=1e6, transcendentals=0, bytes_accessed=2e6, kernels=(k,)), CHIP)
+    assert not any("mispriced" in n for n in p.notes)

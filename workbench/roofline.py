@@ -106,6 +106,10 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
         t_trans = 0.0
         if trans:
             notes.append(f"{spec.name}: special-function rate unpublished; transcendental term omitted")
+    if not use_hlo and cost.kernels and cost.hlo_bytes > 0 and cost.bytes_accessed > 5 * cost.hlo_bytes:
+        notes.append(f"the compiler's bytes accessed ({cost.bytes_accessed:.3g}) are {cost.bytes_accessed / cost.hlo_bytes:.0f}× "
+                     f"the HLO kernels' bytes in + out ({cost.hlo_bytes:.3g}): one op may be mispriced by cost_analysis; "
+                     "the memory term uses the compiler's figure")
     t_compute = flops / peak + t_trans
     t_mem = nbytes / bw
     t_touch = 0.0
