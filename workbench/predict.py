@@ -307,12 +307,6 @@ def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
                    time.perf_counter() - t0, notes)
 
 
-def is_resource_exhausted(e: BaseException) -> bool:
-    from workbench.compile import is_resource_exhausted as core
-
-    return core(e)
-
-
 def compile_lowered(lw: Lowered):
     """lowered.compile() → (compiled, seconds, error words or None). Resource exhaustion is an answer, not a crash."""
     t0 = time.perf_counter()
@@ -320,6 +314,8 @@ def compile_lowered(lw: Lowered):
         c = lw.lowered.compile()
         return c, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001
+        from workbench.compile import is_resource_exhausted
+
         if is_resource_exhausted(e):
             words = " ".join(str(e).strip().split())
             return None, time.perf_counter() - t0, words[:600]

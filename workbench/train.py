@@ -319,7 +319,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     val_losses: list[tuple[int, float]] = [(0, evaluate())]
     next_batch = {"b": shard_batch(batches.train(0), prog.batch_sharding)}
 
-    bar = _Bar(steps, progress)
+    from workbench.commands._common import ProgressBar
+
+    bar = ProgressBar(steps, progress, "training")
 
     def one_step(i):
         nonlocal state
@@ -393,29 +395,4 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         "measurement": measurement.to_dict() if measurement else None,
         "hardware": spec.name if spec else None,
     }
-
-
-class _Bar:
-    """A progress bar on stderr (rich), or nothing."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.p, self.task = total, enabled, None, None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.p = Progress(console=Console(stderr=True), transient=True)
-            self.p.__enter__()
-            self.task = self.p.add_task("training", total=self.total)
-        return self
-
-    def advance(self):
-        if self.p is not None:
-            self.p.advance(self.task)
-
-    def __exit__(self, *exc):
-        if self.p is not None:
-            self.p.__exit__(*exc)
 

@@ -52,3 +52,27 @@ def _stderr_console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+class ProgressBar:
+    """A progress bar on stderr (rich) advanced by hand, for loops that are not a simple iterable; or nothing."""
+
+    def __init__(self, total: int, enabled: bool = True, desc: str = ""):
+        self.total, self.enabled, self.desc, self.p, self.task = total, enabled, desc, None, None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import Progress
+
+            self.p = Progress(console=_stderr_console(), transient=True)
+            self.p.__enter__()
+            self.task = self.p.add_task(self.desc, total=self.total)
+        return self
+
+    def advance(self):
+        if self.p is not None:
+            self.p.advance(self.task)
+
+    def __exit__(self, *exc):
+        if self.p is not None:
+            self.p.__exit__(*exc)
