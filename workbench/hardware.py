@@ -7,6 +7,7 @@ cores could do (derived from CPU features, see workbench/calibrate.py and docs/h
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from workbench.errors import WorkbenchError
@@ -157,7 +158,12 @@ def _from_catalogue(name: str, c: dict) -> HardwareSpec:
 
 
 def catalogue() -> dict[str, HardwareSpec]:
-    """The catalogue chips (not `host`)."""
+    """The catalogue chips (not `host`). Built once per process; the specs are frozen, the dict is a copy."""
+    return dict(_catalogue())
+
+
+@functools.lru_cache(maxsize=1)
+def _catalogue() -> dict[str, HardwareSpec]:
     from workbench.catalogue import CHIPS
 
     return {n: _from_catalogue(n, c) for n, c in CHIPS.items()}
