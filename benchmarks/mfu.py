@@ -139,4 +139,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from workbench.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

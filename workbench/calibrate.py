@@ -141,8 +141,11 @@ def physical_peaks(feat: dict, measured_f32: float | None = None) -> dict[str, A
 def fingerprint(feat: dict) -> str:
     import jax
 
+    from workbench.hostmem import describe
+
     key = json.dumps({"model": feat["model"], "flags": feat["flags"], "cores": feat["cores"],
-                      "mem": feat["mem_bytes"], "jax": jax.__version__, "v": CALIBRATION_VERSION}, sort_keys=True)
+                      "mem": feat["mem_bytes"], "jax": jax.__version__, "v": CALIBRATION_VERSION,
+                      "allocator": describe()}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

@@ -37,6 +37,10 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hostmem.py)
+        from workbench.hostmem import reexec_with_hugepages
+
+        reexec_with_hugepages()
     try:
         app(args=argv, standalone_mode=False)
         return 0
