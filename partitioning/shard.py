@@ -136,3 +136,17 @@ def constrain(x, axes, what: str = "activation"):
     mesh, rules = ctx
     spec = spec_for(axes, x.shape, mesh, rules, what=f"{what} {tuple(axes)}")
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def is_sharded(axis: str, size: int) -> bool:
+    """Whether the active activation rules split a logical axis of this size over more than one device."""
+    ctx = current()
+    if ctx is None:
+        return False
+    mesh, rules = ctx
+    spec = spec_for((axis,), (size,), mesh, rules, what=f"{axis} axis")
+    names = spec[0] if len(spec) else None
+    if names is None:
+        return False
+    names = names if isinstance(names, tuple) else (names,)
+    return any(mesh.shape[a] > 1 for a in names)

@@ -177,6 +177,29 @@ def test_causal_future_tokens_do_not_leak():
     assert not np.allclose(np.asarray(a[0, 20:]), np.asarray(b[0, 20:]))
 
 
+@pytest.mark.parametrize("overrides", ["n_layers=1,seq_len=256", LLAMA_TINY + ",n_layers=1,seq_len=512"])
+def test_causal_row_blocks_match_full_attention(overrides):
+    """Row-blocked causal attention (keys past each block never computed) equals the full masked softmax, values and
+    gradients; 256 positions split into 2 blocks, 512 into 4 (with grouped-query heads)."""
+    cfg = get_config("tiny", overrides)
+    attn = Transformer(cfg, None, nnx.Rngs(0)).blocks[0].attn
+    t = cfg.seq_len
+    assert attn.causal_blocks(t) == t // 128
+    b, n, k, h = 2, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q, kk, v = (jax.random.normal(jax.random.key(i), (b, t, m, h)) for i, m in ((1, n), (2, k), (3, k)))
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]
+    w = jax.random.normal(jax.random.key(4), (b, t, n, h))
+
+    def loss(q, kk, v, blocks):
+        return (attn.attend(q, kk, v, causal, causal_blocks=blocks) * w).sum()
+
+    full = jax.jit(jax.value_and_grad(lambda *a: loss(*a, 1), argnums=(0, 1, 2)))(q, kk, v)
+    split = jax.jit(jax.value_and_grad(lambda *a: loss(*a, t // 128), argnums=(0, 1, 2)))(q, kk, v)
+    assert_close(split[0], full[0], "float32", scale=10)
+    for gs, gf in zip(split[1], full[1]):
+        assert_close(gs, gf, "float32", scale=10)
+
+
 @pytest.mark.parametrize("overrides", ["n_layers=1", LLAMA_TINY + ",n_layers=1"])
 def test_kv_cache_decode_matches_full_forward(overrides):
     cfg = get_config("tiny", overrides)
