@@ -12,8 +12,9 @@ PaLM convention) / median step time / the calibrated host ceiling (workbench.har
 float32 matmul rate): simulated devices share the host, so an 8-device mesh is compared with the same ceiling.
 
 Targets (the issue): 1 device >= 80% of the calibrated XLA matmul ceiling; the best 8-device strategy >= 65%.
-The summary lists, per case, the five kernels with the largest roofline time (where the step loses time against
-the matmuls) from the CostReport.
+The summary lists, per case, where the step's time goes as measured: two extra steps traced with jax.profiler, each
+kernel joined with its flops and bytes from the compiled HLO (workbench.measure.profile_kernels), summed by class
+(matmul, copy/transpose, dynamic-(update-)slice, broadcast, elementwise/reduce) with the six longest kernels.
 """
 from __future__ import annotations
 
@@ -32,18 +33,6 @@ CASES = {1: [("dp", "data=1")],
              ("tp", "model=8")]}
 
 
-def _top_kernels(cost: dict, spec, n: int = 5) -> list[dict]:
-    """Among the record's kernels (the CostReport's 25 largest by bytes), the n with the largest roofline time
-    max(flops/peak, bytes/bw) per device: the memory-bound kernels where a step loses time against the matmuls."""
-    out = []
-    peak, bw = spec.peak("float32"), spec.hbm_bw
-    for k in cost.get("kernels", []):
-        nbytes = k["bytes_in"] + k["bytes_out"]
-        t = max(k["flops"] / peak, nbytes / bw) * k.get("count", 1)
-        out.append({"name": k["name"], "kind": k.get("kind"), "roofline_s": t, "flops": k["flops"], "bytes": nbytes})
-    return sorted(out, key=lambda r: -r["roofline_s"])[:n]
-
-
 def worker(devices: int, preset: str, steps: int, batch: int, precision: str | None, cases=None,
            overrides: str | None = None) -> list[dict]:
     from workbench.devices import request_devices
@@ -52,17 +41,16 @@ def worker(devices: int, preset: str, steps: int, batch: int, precision: str | N
     request_devices(devices)
     from models.presets import get_config
     from partitioning.mesh import make_mesh
-    from workbench.hardware import get_spec
     from workbench.results import Store, make_record
     from workbench.train import train_model
 
-    spec = get_spec("host")
     store = Store()
     rows = []
     for strategy, mesh_spec in cases or CASES.get(devices, [("dp", f"data={devices}")]):
         try:
             r = train_model(get_config(preset, overrides), strategy=strategy, mesh=make_mesh(mesh_spec), steps=steps,
-                            batch_size=batch, precision=precision, progress=True, eval_every=steps, eval_batches=1)
+                            batch_size=batch, precision=precision, progress=True, eval_every=steps, eval_batches=1,
+                            profile_steps=2)
         except WorkbenchError as e:  # e.g. tiny's 4 heads on a model=8 axis
             print(f"skipped {strategy} on {mesh_spec}: {e}", file=sys.stderr)
             continue
@@ -71,12 +59,12 @@ def worker(devices: int, preset: str, steps: int, batch: int, precision: str | N
                "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "replication": r["replication"],
                "predicted_step_s": (r["prediction"] or {}).get("predicted_s"),
                "host_ceiling_flops": r["mfu_ceiling_flops"], "loss_first": r["losses"][0],
-               "loss_last": r["losses"][-1], "top_kernels": _top_kernels(r["cost"], spec),
+               "loss_last": r["losses"][-1], "kernel_profile": r["kernel_profile"],
                "wide_spread": (r["measurement"] or {}).get("wide_spread")}
         rec = make_record("mfu", {"preset": preset, "overrides": overrides or "", "strategy": strategy,
                                   "mesh": mesh_spec, "devices": devices, "steps": steps, "batch": batch, "precision": r["precision"]},
                           r["cost"], r["prediction"], r["measurement"],
-                          extra={k: v for k, v in row.items() if k != "top_kernels"} | {"mfu_note": r["mfu_note"]})
+                          extra=row | {"mfu_note": r["mfu_note"]})
         store.append(rec)
         row["record_id"] = rec["id"]
         rows.append(row)
@@ -124,10 +112,18 @@ def main(argv=None):
         print(f"{r['devices']:>7} {r['strategy']:>8} {r['mesh']:>15} {r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} "
               f"{mfu:>6} {r['replication']:>5.2f}")
     for r in rows:
-        print(f"\n{r['devices']} devices {r['strategy']}: top kernels by roofline time (per device)")
-        for k in r["top_kernels"]:
-            print(f"  {k['name'][:48]:48s} {k['roofline_s'] * 1e3:8.2f} ms  flops {k['flops']:.3g}  bytes "
-                  f"{k['bytes']:.3g}")
+        kp = r["kernel_profile"]
+        rate = f"{kp['matmul_rate'] / 1e9:.0f}" if kp["matmul_rate"] else "—"
+        print(f"\n{r['devices']} devices {r['strategy']} ({r['mesh']}): measured kernel time per step "
+              f"{kp['kernel_ms']:.0f} ms (summed over devices), matmuls at {rate} GFLOP/s "
+              f"(ceiling {r['host_ceiling_flops'] / 1e9:.0f})")
+        for name, c in kp["classes"].items():
+            print(f"  {name:22s} {c['ms']:8.1f} ms {c['ms'] / kp['kernel_ms']:6.1%}  {c['kernels']:4d} kernels  "
+                  f"{c['gflop']:7.2f} GFLOP")
+        for k in kp["kernels"][:6]:
+            what = k["dot"] or k["op"]
+            print(f"    {k['name'][:30]:30s} {k['ms']:7.1f} ms x{k['calls']:<5g} {k['gflop_per_s']:6.0f} GFLOP/s "
+                  f"{k['gb_per_s']:6.1f} GB/s  {what[:60]}")
     one = [r["mfu"] for r in rows if r["devices"] == 1 and r["mfu"] is not None]
     many = [r["mfu"] for r in rows if r["devices"] > 1 and r["mfu"] is not None]
     if one:

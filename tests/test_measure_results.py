@@ -4,6 +4,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from workbench.errors import RecompileError, WorkbenchError
@@ -66,3 +67,24 @@ def test_corrupt_and_incomplete_files(tmp_path):
     assert json.loads(before)["kind"] == "t"
     os.remove(st.path)
     assert st.records() == []
+
+
+def test_profile_kernels_joins_trace_times_with_hlo_costs():
+    """A traced matmul + elementwise program: the dot is found, classed as a matmul, its flops are 2mnk per call,
+    every kernel has a positive time, and the classes add up to the kernel total."""
+    from workbench.measure import profile_kernels
+
+    m, k, n = 256, 512, 384
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2.0)
+    a = jax.random.normal(jax.random.key(0), (m, k))
+    b = jax.random.normal(jax.random.key(1), (k, n))
+    compiled = f.lower(a, b).compile()
+    prof = profile_kernels(lambda i: compiled(a, b), compiled.as_text(), steps=3)
+    dots = [r for r in prof["kernels"] if r["class"] == "matmul"]
+    assert len(dots) == 1, prof["kernels"]
+    assert dots[0]["calls"] == 1 and dots[0]["ms"] > 0
+    np.testing.assert_allclose(dots[0]["gflop"], 2 * m * k * n / 1e9, rtol=1e-6)
+    assert dots[0]["dot"].startswith(f"f32[{m},{n}]")
+    assert all(r["ms"] > 0 for r in prof["kernels"])
+    np.testing.assert_allclose(sum(c["ms"] for c in prof["classes"].values()), prof["kernel_ms"], rtol=1e-9)
+    assert prof["matmul_rate"] and prof["matmul_rate"] > 0

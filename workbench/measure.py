@@ -131,3 +131,122 @@ def random_inputs(abstract_args, seed: int = 0):
             x = jax.device_put(x, sh)
         out.append(x)
     return jax.tree.unflatten(tree, out)
+
+
+# ------------------------------------------------------------------------------------------ per-kernel profile
+def _trace_events(logdir: str) -> list[dict]:
+    import glob
+    import gzip
+    import json
+
+    files = sorted(glob.glob(f"{logdir}/plugins/profile/*/*.trace.json.gz"))
+    if not files:
+        return []
+    with gzip.open(files[-1]) as f:
+        return [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+
+
+def _kernel_class(name: str, dot: bool) -> str:
+    if dot:
+        return "matmul"
+    base = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[-1].isdigit() else name
+    if base.startswith(("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                        "ragged-all-to-all")):
+        return "collective"  # on simulated devices: includes waiting for the other devices
+    if "dynamic-update-slice" in base:
+        return "dynamic-update-slice"
+    if "dynamic-slice" in base:
+        return "dynamic-slice"
+    if base.startswith(("copy", "transpose")):
+        return "copy/transpose"
+    if base in ("wrapped_broadcast", "broadcast"):
+        return "broadcast"
+    if base in ("while", "conditional", "call"):
+        return "control"
+    return "elementwise/reduce"
+
+
+def _dot_text(dot) -> str:
+    """'f32[2048,512] lhs_c={1} rhs_c={0}': the dot's output and contracting dimensions (batch dims when present)."""
+    import re
+
+    dims = re.findall(r"(lhs|rhs)_(contracting|batch)_dims=(\{[^}]*\})", dot.attrs)
+    return " ".join([dot.type_str.split("{")[0]] + [f"{s}_{'c' if k == 'contracting' else 'b'}={v}" for s, k, v in dims])
+
+
+def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2, ceiling_flops: float | None = None,
+                    top: int = 25) -> dict:
+    """Time every kernel of a compiled program from a jax.profiler trace of `steps` calls of step(i).
+
+    Joins each traced kernel (a fusion or unfused op of the optimized HLO, `hlo_text`) with its CostReport-style
+    costs (workbench.hlo.parse_kernels: flops and bytes per call) and returns per-step totals: 'kernels' (the `top`
+    longest: name, class, ms, calls, GFLOP, achieved GFLOP/s and GB/s, the dot's shape, the op_name it came from),
+    'classes' (ms, calls, GFLOP by matmul / copy/transpose / dynamic-(update-)slice / broadcast / collective /
+    elementwise/reduce; on simulated devices each device's kernels add up, and a collective includes the wait)
+    and 'matmul_rate' (the dots' flops over their time). The thunk runtime may run independent kernels at once, so
+    the kernel times sum to about the step, not exactly; a dot that XLA:CPU hands to Eigen asynchronously shows only
+    its dispatch (flagged `async`: an achieved rate above 1.5x `ceiling_flops`).
+    """
+    import collections
+    import re
+    import shutil
+    import tempfile
+
+    import jax
+
+    from workbench.hlo import parse_kernels, parse_module
+
+    mod = parse_module(hlo_text)
+    costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
+    instrs = {i.name: i for body in mod.computations.values() for i in body}
+    logdir = tempfile.mkdtemp(prefix="workbench-trace-")
+    try:
+        _block(step(0))  # warm
+        jax.profiler.start_trace(logdir)
+        try:
+            for i in range(steps):
+                _block(step(i + 1))
+        finally:
+            jax.profiler.stop_trace()
+        events = _trace_events(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    dur: dict[str, float] = collections.Counter()
+    calls: dict[str, float] = collections.Counter()
+    for e in events:
+        if e["name"] in instrs:
+            dur[e["name"]] += e.get("dur", 0) / 1e6 / steps
+            calls[e["name"]] += 1 / steps
+    rows = []
+    for name, sec in dur.items():
+        ins = instrs[name]
+        callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs)
+        body = mod.computations.get(callee.group(1), []) if callee else [ins]
+        dot = next((i for i in body if i.opcode in ("dot", "convolution")), None)
+        meta = re.search(r'op_name="([^"]+)"', (dot or ins).attrs) or next(
+            (m for m in (re.search(r'op_name="([^"]+)"', i.attrs) for i in body) if m), None)
+        k = costs.get(name)
+        flops = (k.flops if k else 0.0) * calls[name]
+        nbytes = (k.bytes if k else 0.0) * calls[name]
+        rate = flops / sec if sec > 0 else 0.0
+        rows.append({"name": name, "class": _kernel_class(name, dot is not None), "ms": sec * 1e3,
+                     "calls": round(calls[name], 2), "gflop": flops / 1e9, "gflop_per_s": rate / 1e9,
+                     "gb_per_s": nbytes / sec / 1e9 if sec > 0 else 0.0,
+                     "dot": _dot_text(dot) if dot is not None else None,
+                     "op": "/".join(meta.group(1).split("/")[-2:]) if meta else "",
+                     "async": bool(dot is not None and ceiling_flops and rate > 1.5 * ceiling_flops)})
+    rows.sort(key=lambda r: -r["ms"])
+    classes: dict[str, dict] = {}
+    for r in rows:
+        c = classes.setdefault(r["class"], {"ms": 0.0, "kernels": 0, "gflop": 0.0})
+        c["ms"] += r["ms"]
+        c["kernels"] += 1
+        c["gflop"] += r["gflop"]
+    timed_dots = [r for r in rows if r["class"] == "matmul" and not r["async"]]
+    dot_ms = sum(r["ms"] for r in timed_dots)
+    return {"steps": steps, "kernel_ms": sum(r["ms"] for r in rows), "kernels": rows[:top],
+            "classes": dict(sorted(classes.items(), key=lambda kv: -kv[1]["ms"])),
+            "matmul_rate": sum(r["gflop"] for r in timed_dots) * 1e9 / (dot_ms / 1e3) if dot_ms else None,
+            "async_dots": sum(1 for r in rows if r["async"]),
+            "note": "per-step kernel times from a jax.profiler trace; concurrent kernels overlap, async Eigen dots "
+                    "show only their dispatch"}

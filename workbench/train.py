@@ -272,8 +272,12 @@ def _ceiling(n_devices: int, dtype: str, hardware: str | None):
 def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size: int = 8,
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
-                progress: bool = True, hardware: str | None = "auto", analytic: bool = True) -> dict:
+                progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
+                profile_steps: int = 0) -> dict:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
+
+    profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
+    joined with their costs as 'kernel_profile' (workbench.measure.profile_kernels; not in the losses or timings).
 
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
@@ -349,6 +353,17 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
             if done % eval_every == 0 or done == steps:
                 val_losses.append((done, evaluate()))
     measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
+    kernel_profile = None
+    if profile_steps > 0:
+        from workbench.measure import profile_kernels
+
+        def traced_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps,
+                                         ceiling_flops=_ceiling(n_dev, "float32", hardware)[1])
     losses_f = [float(x) for x in losses]
     if not all(math.isfinite(x) for x in losses_f):
         raise WorkbenchError(f"training diverged (loss {losses_f[-1]}); lower the learning rate")
@@ -393,6 +408,6 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         "params_total": an["params_total"],
         "cost": cost.to_dict(), "prediction": prediction.to_dict() if prediction else None,
         "measurement": measurement.to_dict() if measurement else None,
-        "hardware": spec.name if spec else None,
+        "hardware": spec.name if spec else None, "kernel_profile": kernel_profile,
     }
 

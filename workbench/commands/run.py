@@ -34,6 +34,8 @@ def register(app: typer.Typer) -> None:
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="validation interval (default steps/4)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         full: bool = typer.Option(False, "--full", help="with --json: print the whole record, not the summary"),
+        profile: bool = typer.Option(False, "--profile", help="trace 2 more steps with jax.profiler: measured time per "
+                                     "kernel class and the longest kernels, joined with their HLO costs"),
     ):
         """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
         from workbench.devices import request_devices
@@ -54,7 +56,7 @@ def register(app: typer.Typer) -> None:
         m = make_mesh(mesh or f"data={n}")
         r = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                         seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
-                        progress=True)
+                        progress=True, profile_steps=2 if profile else 0)
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed}
@@ -67,6 +69,8 @@ def register(app: typer.Typer) -> None:
                        bound=(r["prediction"] or {}).get("bound"),
                        flops_per_device=r["cost"]["flops"], bytes_per_device=r["cost"]["bytes_accessed"],
                        peak_memory_per_device=r["cost"]["memory"]["peak_bytes"])
+        if profile:
+            summary["kernel_profile"] = {k: r["kernel_profile"][k] for k in ("kernel_ms", "classes", "matmul_rate")}
         if json_out:
             emit_json(rec if full else summary)
             return
@@ -77,4 +81,13 @@ def register(app: typer.Typer) -> None:
                       "MFU": r["mfu"], "predicted_s": summary["predicted_step_s"], "replication": r["replication"]}])
         print_table([{"collective": k, "count": v["count"], "bytes/device": v["bytes"]}
                      for k, v in r["collectives"].items()], title="collectives per step (per device)")
+        if profile:
+            kp = r["kernel_profile"]
+            print_table([{"class": name, "ms/step": c["ms"], "share": c["ms"] / kp["kernel_ms"], "kernels": c["kernels"],
+                          "GFLOP": c["gflop"]} for name, c in kp["classes"].items()],
+                        title=f"measured kernel time per step (jax.profiler; summed over devices), matmuls at "
+                              f"{(kp['matmul_rate'] or 0) / 1e9:.0f} GFLOP/s")
+            print_table([{"kernel": k["name"], "class": k["class"], "ms/step": k["ms"], "calls": k["calls"],
+                          "GFLOP/s": k["gflop_per_s"], "GB/s": k["gb_per_s"], "what": (k["dot"] or k["op"])[:60]}
+                         for k in kp["kernels"][:12]], title="longest kernels")
         print(f"record {rec['id']} appended to the results store")
