@@ -2,7 +2,7 @@
 
     python -m benchmarks.mfu                      # 1 device (dp) + 8 simulated devices (dp, fsdp, tp, fsdp+tp)
     python -m benchmarks.mfu --steps 40 --batch 8 --preset small --devices 1,8
-    python -m benchmarks.mfu --set scan_layers=true --out reports/mfu_scan.json   # the scanned-layers variant
+    python -m benchmarks.mfu --set scan_layers=false --out reports/mfu_unrolled.json   # the unrolled-layers variant
     python -m benchmarks.mfu --tiny               # a quick check that the script works (tiny preset, 4 steps)
 
 Each device count runs in its own process (the simulated device count is fixed when JAX starts). Every case trains
@@ -80,7 +80,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--precision", default=None, help="default: float32 on a CPU host")
-    ap.add_argument("--set", dest="overrides", default=None, help="model overrides, e.g. scan_layers=true")
+    ap.add_argument("--set", dest="overrides", default=None, help="model overrides, e.g. scan_layers=false")
     ap.add_argument("--tiny", action="store_true", help="quick self-check: tiny preset, 4 steps")
     ap.add_argument("--out", default="reports/mfu.json")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
