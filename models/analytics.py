@@ -123,7 +123,7 @@ def train_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int | None = 
                        compute_dtype: str = "float32") -> float:
     """Whole-model training memory estimate (bytes, unpartitioned): states + activations for one batch."""
     a = analytics(cfg, seq_len)
-    key = "per_layer_remat" if cfg.remat == "per-layer" else "no_remat"
+    key = "per_layer_remat" if cfg.remat == "per-layer" else "no_remat"  # 'dots' saves less: bounded by no_remat
     return a["train_memory_params_bytes"] + batch_size * a["seq_len"] * a["activation_bytes_per_token"][compute_dtype][key]
 
 

@@ -15,7 +15,7 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
-REMATS = ("none", "per-layer")
+REMATS = ("none", "per-layer", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ class ModelConfig:
     router_bias_rate: float = 0.0  # loss-free balancing: per-expert bias update rate (0: off)
     moe_a2a: str = "auto"  # expert-parallel exchange: auto | padded | ragged | ragged-emulated (models/moe.py)
     # memory
-    remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass)
+    remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass) | 'dots'
+    #                      (save only matmul outputs, recompute norms, softmax and activations in the backward pass)
     # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
     # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per
     # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).

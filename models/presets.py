@@ -19,10 +19,11 @@ PRESETS: dict[str, tuple[dict, str]] = {
                   "workbench CPU study model: Mixtral-style (RMSNorm, RoPE, SwiGLU, GQA, 8 experts top-2) at "
                   "CPU scale"),
     "small": (dict(n_layers=4, d_model=512, n_heads=8, d_ff=2048, vocab_size=256, seq_len=256, scan_layers=True,
-                   **_GPT),
+                   remat="dots", **_GPT),
               "workbench demo model: ~12.9M parameters, byte-level GPT-2 style; trains on a CPU host. Layers are "
-              "scanned: on XLA:CPU the unrolled backward re-fuses the residual-stream gradient into every consumer "
-              "(docs/models.md); --set scan_layers=false for the unrolled program"),
+              "scanned (on XLA:CPU the unrolled backward re-fuses the residual-stream gradient into every consumer) "
+              "and save only their matmul outputs for the backward pass (docs/models.md); "
+              "--set scan_layers=false,remat=none for the plain program"),
     "gpt2-small": (dict(n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab_size=50257, seq_len=1024, **_GPT),
                    "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2 "
                    "(117M row; 124M with the released vocabulary); Hugging Face gpt2 config.json"),

@@ -219,15 +219,16 @@ def test_kv_cache_decode_matches_full_forward(overrides):
             prefill(model, tok, max_len=1000)
 
 
-def test_remat_gives_the_same_gradients():
-    cfg = get_config("tiny", "n_layers=1,seq_len=16")
+@pytest.mark.parametrize("remat,scan", [("per-layer", False), ("dots", False), ("dots", True)])
+def test_remat_gives_the_same_gradients(remat, scan):
+    cfg = get_config("tiny", f"n_layers=2,seq_len=16,scan_layers={str(scan).lower()}")
     tok = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
 
     def grads(c):
         m = Transformer(c, None, nnx.Rngs(0))
         return nnx.jit(nnx.grad(lambda m: jnp.square(m(tok)[0].astype(jnp.float32)).mean()))(m)
 
-    g0, g1 = grads(cfg), grads(cfg.replace(remat="per-layer"))
+    g0, g1 = grads(cfg), grads(cfg.replace(remat=remat))
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         assert_close(a, b, "float32")
 
