@@ -159,8 +159,11 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     real = hw.get_spec
     monkeypatch.setattr(hw, "get_spec", lambda name, **kw: fake if name == "host" else real(name, **kw))
     main(["run", "--preset", "tiny", "--strategy", "fsdp+tp", "--mesh", "data=2,model=4", "--devices", "8",
-          "--steps", "4", "--json"])
+          "--steps", "4", "--profile", "--json"])
     out = json.loads(capsys.readouterr().out)
+    kp = out["kernel_profile"]  # --profile: measured time per kernel class, matmuls and collectives among them
+    assert {"matmul", "collective"} <= set(kp["classes"]) and kp["kernel_ms"] > 0
+    assert sum(c["ms"] for c in kp["classes"].values()) == pytest.approx(kp["kernel_ms"])
     for k in ("losses", "step_s", "tokens_per_s", "mfu", "replication", "collectives", "val_loss"):
         assert out[k] is not None, k
     assert len(out["losses"]) == 4

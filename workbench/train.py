@@ -353,17 +353,6 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
             if done % eval_every == 0 or done == steps:
                 val_losses.append((done, evaluate()))
     measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
-    kernel_profile = None
-    if profile_steps > 0:
-        from workbench.measure import profile_kernels
-
-        def traced_step(i):
-            nonlocal state
-            state, metrics = run(state, next_batch["b"])
-            return metrics["loss"]
-
-        kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps,
-                                         ceiling_flops=_ceiling(n_dev, "float32", hardware)[1])
     losses_f = [float(x) for x in losses]
     if not all(math.isfinite(x) for x in losses_f):
         raise WorkbenchError(f"training diverged (loss {losses_f[-1]}); lower the learning rate")
@@ -378,6 +367,16 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     dtype = np.dtype(prog.policy.compute_dtype).name
     price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
+    kernel_profile = None
+    if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
+        from workbench.measure import profile_kernels
+
+        def traced_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
     prediction = None
     if spec is not None:
         from workbench.roofline import predict
