@@ -119,6 +119,12 @@ def main(argv=None):
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=2)
+    if rows:
+        from workbench.report import mfu_chart
+
+        png = mfu_chart(rows, os.path.splitext(a.out)[0] + ".png", targets={1: 0.80, 8: 0.65},
+                        title=f"{a.preset}: MFU on this host (dashed: the issue's targets)")
+        print(f"chart {png}")
     print(f"{'devices':>7} {'strategy':>8} {'mesh':>15} {'batch':>5} {'step_s':>8} {'tokens/s':>9} {'MFU':>6} {'repl':>5}")
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "—"

@@ -88,3 +88,14 @@ def test_profile_kernels_joins_trace_times_with_hlo_costs():
     assert all(r["ms"] > 0 for r in prof["kernels"])
     np.testing.assert_allclose(sum(c["ms"] for c in prof["classes"].values()), prof["kernel_ms"], rtol=1e-9)
     assert prof["matmul_rate"] and prof["matmul_rate"] > 0
+
+
+def test_mfu_chart_writes_a_png(tmp_path):
+    from workbench.report import mfu_chart
+
+    rows = [{"devices": d, "strategy": "dp", "mesh": f"data={d}", "batch": 8, "mfu": m,
+             "kernel_profile": {"kernel_ms": 10.0, "classes": {"matmul": {"ms": 7.0}, "collective": {"ms": 3.0}}}}
+            for d, m in ((1, 0.5), (8, 0.4))]
+    path = mfu_chart(rows, str(tmp_path / "mfu.png"), targets={1: 0.8, 8: 0.65})
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -62,3 +62,44 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     for r in rows:
         out.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
     return "\n".join(out)
+
+
+def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = None, title: str = "") -> str:
+    """Two panels from benchmarks.mfu rows: MFU per case (devices × strategy × mesh × batch) with the target for
+    its device count drawn as a tick, and the measured kernel time per class as shares of each case's total."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("mfu") is not None]
+    labels = [f"{r['devices']}× {r['strategy']}\n{r['mesh']}\nbatch {r['batch']}" for r in rows]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(rows) + 2), 8), sharex=True)
+    xs = range(len(rows))
+    ax1.bar(xs, [100 * r["mfu"] for r in rows], color=["tab:blue" if r["devices"] == 1 else "tab:orange" for r in rows])
+    for x, r in zip(xs, rows):
+        ax1.text(x, 100 * r["mfu"] + 1, f"{100 * r['mfu']:.0f}%", ha="center", fontsize=8)
+        if targets and r["devices"] in targets:
+            ax1.hlines(100 * targets[r["devices"]], x - 0.4, x + 0.4, colors="k", linestyles="--")
+    ax1.set_ylabel("MFU, % of the calibrated XLA matmul ceiling")
+    ax1.set_ylim(0, 100)
+    ax1.set_title(title or "MFU per case (dashed: the target)")
+    classes = sorted({c for r in rows for c in (r.get("kernel_profile") or {}).get("classes", {})},
+                     key=lambda c: -sum((r.get("kernel_profile") or {}).get("classes", {}).get(c, {}).get("ms", 0)
+                                        for r in rows))
+    bottom = [0.0] * len(rows)
+    for c in classes:
+        share = []
+        for r in rows:
+            kp = r.get("kernel_profile") or {}
+            tot = kp.get("kernel_ms") or 0
+            share.append(100 * kp.get("classes", {}).get(c, {}).get("ms", 0) / tot if tot else 0)
+        ax2.bar(xs, share, bottom=bottom, label=c)
+        bottom = [b + s for b, s in zip(bottom, share)]
+    ax2.set_ylabel("measured kernel time, % (jax.profiler)")
+    ax2.set_xticks(list(xs), labels, fontsize=7)
+    ax2.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
