@@ -5,7 +5,7 @@ XLA:CPU allocates every step's temporaries and fresh outputs through glibc mallo
 mode it is faulted in 4 KiB at a time on first touch: measured here at ~3.5 GB/s against ~60 GB/s streaming
 (docs/hardware.md). glibc >= 2.35 can madvise its allocations for huge pages (the tunable glibc.malloc.hugetlb=1),
 which turns 512 faults into one. On this 2-core host that took the `small` training step from 1.03 s to 0.88 s
-(unrolled layers) and 0.985 s to 0.777 s (scanned layers), and the float32 matmul at 1024^3 from 428 to 484 GFLOP/s.
+(unrolled layers) and 0.985 s to 0.777 s (scanned layers); memory-bound kernels gained 2.6-3.8x (docs/hardware.md).
 
 The tunable is read by glibc when a process starts, so the entry points (`workbench`, the benchmark scripts) call
 `reexec_with_hugepages()` first: it re-executes the same command line once with the tunable added to GLIBC_TUNABLES.
