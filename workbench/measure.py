@@ -194,7 +194,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     import jax
 
-    from workbench.hlo import parse_kernels, parse_module
+    from workbench.hlo import _attr, parse_kernels, parse_module
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
@@ -220,8 +220,8 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     rows = []
     for name, sec in dur.items():
         ins = instrs[name]
-        callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs)
-        body = mod.computations.get(callee.group(1), []) if callee else [ins]
+        callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+        body = mod.computations.get(callee, [ins])
         dot = next((i for i in body if i.opcode in ("dot", "convolution")), None)
         meta = re.search(r'op_name="([^"]+)"', (dot or ins).attrs) or next(
             (m for m in (re.search(r'op_name="([^"]+)"', i.attrs) for i in body) if m), None)

@@ -18,6 +18,7 @@ import subprocess
 import uuid
 from typing import Any
 
+from workbench import hostmem
 from workbench.errors import WorkbenchError
 
 SCHEMA = 1
@@ -123,12 +124,6 @@ def _git() -> dict:
         return {"git_sha": None, "git_dirty": None}
 
 
-def _allocator() -> dict:
-    from workbench.hostmem import describe
-
-    return describe()
-
-
 def provenance(seed: int | None = None) -> dict:
     import jax
     import jaxlib
@@ -144,7 +139,7 @@ def provenance(seed: int | None = None) -> dict:
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax_v,
         "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(), "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(), "allocator": _allocator(),
+        "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **_git(),
     }
 
