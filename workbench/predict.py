@@ -43,7 +43,7 @@ class PredictSpec:
     batch: int | None = None         # global batch (sequences); None: 4 per chip... see default_batch
     seq: int | None = None           # tokens per sequence (decode: the KV-cache length); None: preset's seq_len
     mode: str = "train"
-    remat: str = "auto"              # none | per-layer | auto (the preset's; per-layer when that does not fit)
+    remat: str = "auto"              # none | per-layer | dots | auto (the preset's; per-layer when that does not fit)
     microbatches: int = 1
     policy: str = "bf16"
     overrides: str | None = None     # model config overrides 'k=v,k=v'
@@ -247,8 +247,10 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     target = topo.parse_target(spec.target)
     cfg = get_config(spec.preset, spec.overrides)
     if spec.remat not in ("auto", None):
-        if spec.remat not in ("none", "per-layer"):
-            raise WorkbenchError(f"--remat {spec.remat!r}: choose none, per-layer or auto")
+        from models.config import REMATS
+
+        if spec.remat not in REMATS:
+            raise WorkbenchError(f"--remat {spec.remat!r}: choose {', '.join(REMATS)} or auto")
         cfg = cfg.replace(remat=spec.remat)
     notes: list[str] = []
     seq = spec.seq if spec.seq is not None else cfg.seq_len
@@ -567,17 +569,18 @@ def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = Fal
     if store:
         record(body, spec, kind="predict")
     if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
-            and body.get("compile_s") is not None and body["remat"] == "none"):
+            and body.get("compile_s") is not None and body["remat"] != "per-layer"):
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
         second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
-        second["remat_auto"] = {"tried_first": "none", **first,
-                                "chosen": "per-layer", "why": "without rematerialization the program does not fit"}
+        second["remat_auto"] = {"tried_first": body["remat"], **first,
+                                "chosen": "per-layer", "why": ("without rematerialization" if body["remat"] == "none" else
+                                                               f"with remat {body['remat']}") + " the program does not fit"}
         if store:
             record(second, dataclasses.replace(spec, remat="per-layer"), kind="predict")
         body = second
     elif spec.remat in ("auto", None):
         body["remat_auto"] = {"chosen": body["remat"], "why": "the preset's setting" + (
-            "" if body["fits"] or body["remat"] != "none" else "; per-layer remat cannot help: the state alone "
+            "" if body["fits"] or body["remat"] == "per-layer" else "; per-layer remat cannot help: the state alone "
             "does not fit")}
     return public(body)
 
