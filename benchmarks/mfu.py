@@ -12,7 +12,9 @@ PaLM convention) / median step time / the calibrated host ceiling (workbench.har
 float32 matmul rate): simulated devices share the host, so an 8-device mesh is compared with the same ceiling.
 
 Targets (the issue): 1 device >= 80% of the calibrated XLA matmul ceiling; the best 8-device strategy >= 65%.
-The summary lists, per case, where the step's time goes as measured: two extra steps traced with jax.profiler, each
+The summary lists, per case, the floor its dots set (each dot of the compiled step timed alone, without layout copies
+or any other kernel: workbench.measure.dot_floor) and the MFU bound that floor implies, then where the step's time
+goes as measured: two extra steps traced with jax.profiler, each
 kernel joined with its flops and bytes from the compiled HLO (workbench.measure.profile_kernels), summed by class
 (matmul, copy/transpose, dynamic-(update-)slice, broadcast, elementwise/reduce) with the six longest kernels.
 """
@@ -68,6 +70,8 @@ def worker(devices: int, preset: str, steps: int, batches: list[int], precision:
                "predicted_step_s": (r["prediction"] or {}).get("predicted_s"),
                "host_ceiling_flops": r["mfu_ceiling_flops"], "loss_first": r["losses"][0],
                "loss_last": r["losses"][-1], "kernel_profile": r["kernel_profile"],
+               "dot_floor_s": r["kernel_profile"]["dot_floor"]["step_floor_s"],
+               "mfu_bound": r["kernel_profile"]["dot_floor"]["mfu_bound"],
                "wide_spread": (r["measurement"] or {}).get("wide_spread")}
         rec = make_record("mfu", {"preset": preset, "overrides": overrides or "", "strategy": strategy,
                                   "mesh": mesh_spec, "devices": devices, "steps": n_steps, "batch": batch, "precision": r["precision"]},
@@ -76,7 +80,8 @@ def worker(devices: int, preset: str, steps: int, batches: list[int], precision:
         store.append(rec)
         row["record_id"] = rec["id"]
         rows.append(row)
-        print(json.dumps({k: row[k] for k in ("devices", "strategy", "mesh", "batch", "step_s", "tokens_per_s", "mfu")}),
+        print(json.dumps({k: row[k] for k in ("devices", "strategy", "mesh", "batch", "step_s", "tokens_per_s", "mfu",
+                                              "mfu_bound")}),
               file=sys.stderr)
     return rows
 
@@ -125,11 +130,15 @@ def main(argv=None):
         png = mfu_chart(rows, os.path.splitext(a.out)[0] + ".png", targets={1: 0.80, 8: 0.65},
                         title=f"{a.preset}: MFU on this host (dashed: the issue's targets)")
         print(f"chart {png}")
-    print(f"{'devices':>7} {'strategy':>8} {'mesh':>15} {'batch':>5} {'step_s':>8} {'tokens/s':>9} {'MFU':>6} {'repl':>5}")
+    print(f"{'devices':>7} {'strategy':>8} {'mesh':>15} {'batch':>5} {'step_s':>8} {'tokens/s':>9} {'MFU':>6} {'repl':>5} "
+          f"{'dots_s':>7} {'bound':>6}")
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "—"
+        bound = f"{r['mfu_bound']:.1%}" if r.get("mfu_bound") is not None else "—"
         print(f"{r['devices']:>7} {r['strategy']:>8} {r['mesh']:>15} {r['batch']:>5} {r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} "
-              f"{mfu:>6} {r['replication']:>5.2f}")
+              f"{mfu:>6} {r['replication']:>5.2f} {r['dot_floor_s']:>7.3f} {bound:>6}")
+    print("dots_s: the step's dots timed alone (workbench.measure.dot_floor; simulated devices' dots add up on the "
+          "shared host); bound: the MFU of a step that took only that long")
     for r in rows:
         kp = r["kernel_profile"]
         rate = f"{kp['matmul_rate'] / 1e9:.0f}" if kp["matmul_rate"] else "—"
@@ -143,6 +152,10 @@ def main(argv=None):
             what = k["dot"] or k["op"]
             print(f"    {k['name'][:30]:30s} {k['ms']:7.1f} ms x{k['calls']:<5g} {k['gflop_per_s']:6.0f} GFLOP/s "
                   f"{k['gb_per_s']:6.1f} GB/s  {what[:60]}")
+        fl = kp["dot_floor"]
+        print(f"  its dots timed alone: {fl['step_floor_s']:.3f} s per step at {(fl['rate'] or 0) / 1e9:.0f} GFLOP/s, "
+              f"MFU bound {fl['mfu_bound']:.1%}; the step spends {r['step_s'] - fl['step_floor_s']:.3f} s "
+              f"({(r['step_s'] - fl['step_floor_s']) / fl['step_floor_s']:.0%} of that floor) beyond it")
     for label, sel, target in (("1 device", lambda r: r["devices"] == 1, "80% of the calibrated XLA matmul ceiling"),
                                ("best multi-device", lambda r: r["devices"] > 1, "65%")):
         best = {}

@@ -142,3 +142,27 @@ ENTRY %main (a: bf16[4,64,64], b: bf16[256,64,1]) -> f32[4,64,256] {
 """
     (k,) = hlo.parse_kernels(text)
     assert k.flops == 2 * (4 * 64 * 256) * 64
+
+
+def test_parse_dots_reads_operand_shapes_dimensions_and_loop_counts():
+    """A dot in a 3-iteration loop and one outside it, one of them batched with a transposed operand: each is found
+    with its operand shapes and dimension numbers, the loop's runs 3 times, and the flops add up to 2·m·n·k each."""
+    m, k, n = 64, 96, 80
+
+    def f(x, w, p, q):
+        def body(c, _):
+            return jnp.tanh(c @ w), None
+
+        y, _ = jax.lax.scan(body, x, None, length=3)
+        z = jnp.einsum("bkm,bkn->bmn", p, q)  # contracts dim 1 of both: a transposed lhs
+        return y, z
+
+    args = (jnp.ones((m, k)), jnp.ones((k, k)), jnp.ones((4, k, m)), jnp.ones((4, k, n)))
+    dots = hlo.parse_dots(jax.jit(f).lower(*args).compile().as_text())
+    loop = [d for d in dots if not d.lhs_batch]
+    batched = [d for d in dots if d.lhs_batch]
+    assert sum(d.count for d in loop) == 3 and all(d.out.dims == (m, k) for d in loop)
+    assert sum(d.count * d.flops for d in loop) == 3 * 2 * m * k * k
+    (b,) = batched
+    assert b.count == 1 and b.flops == 2 * 4 * m * n * k and b.out.dims == (4, m, n)
+    assert len(b.lhs_batch) == len(b.rhs_batch) == 1 and b.lhs.dims[b.lhs_contracting[0]] == k

@@ -90,6 +90,27 @@ def test_profile_kernels_joins_trace_times_with_hlo_costs():
     assert prof["matmul_rate"] and prof["matmul_rate"] > 0
 
 
+def test_dot_floor_times_each_distinct_dot_once_and_counts_its_runs():
+    """Two dots of the same sizes (one with a transposed operand) and a different one: the floor times two sizes,
+    counts two runs of the shared one, adds their flops exactly, and every timing comes from the trace."""
+    from workbench.measure import dot_floor
+
+    m, k, n = 192, 256, 128
+
+    def f(a, b, at, c):
+        return a @ b, jax.lax.dot_general(at, b, (((0,), (0,)), ((), ()))), b.T @ c
+
+    args = (jnp.ones((m, k)), jnp.ones((k, n)), jnp.ones((k, m)), jnp.ones((k, 64)))
+    fl = dot_floor(jax.jit(f).lower(*args).compile().as_text(), steps=2, warmup=1)
+    rows = {r["dot"]: r for r in fl["dots"]}
+    assert set(rows) == {f"({m}×{k})·({k}×{n}) f32", f"({n}×{k})·({k}×64) f32"}, rows
+    assert rows[f"({m}×{k})·({k}×{n}) f32"]["count"] == 2
+    np.testing.assert_allclose(fl["gflop"], (2 * 2 * m * k * n + 2 * n * k * 64) / 1e9, rtol=1e-9)
+    assert all(r["timed_by"] == "trace" and r["ms_each"] > 0 for r in rows.values())
+    np.testing.assert_allclose(fl["dot_s"] * 1e3, sum(r["ms_total"] for r in rows.values()), rtol=1e-9)
+    assert 0 < fl["rate"] < 1e14
+
+
 def test_mfu_chart_writes_a_png(tmp_path):
     from workbench.report import mfu_chart
 

@@ -164,6 +164,10 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     kp = out["kernel_profile"]  # --profile: measured time per kernel class, matmuls and collectives among them
     assert {"matmul", "collective"} <= set(kp["classes"]) and kp["kernel_ms"] > 0
     assert sum(c["ms"] for c in kp["classes"].values()) == pytest.approx(kp["kernel_ms"])
+    fl = out["dot_floor"]  # the step's dots alone, on 8 simulated devices sharing the host: 8 x one device's dots
+    assert fl["step_floor_s"] == pytest.approx(8 * fl["dot_s"]) and 0 < fl["step_floor_s"]
+    assert fl["mfu_bound"] == pytest.approx(
+        analytics(get_config("tiny"))["train_flops_per_token"] * 8 * 64 / fl["step_floor_s"] / fake.peak("float32"))
     for k in ("losses", "step_s", "tokens_per_s", "mfu", "replication", "collectives", "val_loss"):
         assert out[k] is not None, k
     assert len(out["losses"]) == 4

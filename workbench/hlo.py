@@ -364,6 +364,72 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
     return out
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DotOp:
+    """One dot of the per-device program, with the operand shapes it multiplies and how often it runs per execution."""
+
+    name: str
+    lhs: Shape
+    rhs: Shape
+    out: Shape
+    lhs_contracting: tuple[int, ...]
+    rhs_contracting: tuple[int, ...]
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        """2·|out|·|contracting| per execution."""
+        return 2.0 * self.out.elements * int(np.prod([self.lhs.dims[d] for d in self.lhs_contracting]))
+
+    @property
+    def signature(self) -> tuple:
+        """What decides the kernel: shapes, dtypes and dimension numbers (not the name or the count)."""
+        return (self.lhs, self.rhs, self.out.dtype, self.lhs_contracting, self.rhs_contracting, self.lhs_batch,
+                self.rhs_batch)
+
+    def __str__(self):
+        b = f" batch={self.lhs_batch}/{self.rhs_batch}" if self.lhs_batch else ""
+        return f"{self.lhs}·{self.rhs} c={self.lhs_contracting}/{self.rhs_contracting}{b} -> {self.out}"
+
+
+def _dims(attrs: str, key: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"\d+", _attr(attrs, key) or ""))
+
+
+def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
+    """Every dot the device runs (unfused, or inside a fusion), with its operand shapes and executions per run."""
+    mod = mod or parse_module(text)
+    mult = _multiplicities(mod)
+    shapes: dict[str, Shape] = {}
+    for instrs in mod.computations.values():
+        for i in instrs:
+            ss = i.shapes
+            if len(ss) == 1:
+                shapes[i.name] = ss[0]
+
+    def dots_in(body: list[Instr], count: int, depth: int = 0) -> list[DotOp]:
+        found = []
+        for ins in body:
+            if ins.opcode == "dot" and len(ins.operands) >= 2 and ins.shapes:
+                lhs, rhs = shapes.get(ins.operands[0]), shapes.get(ins.operands[1])
+                if lhs is None or rhs is None:
+                    continue
+                found.append(DotOp(ins.name, lhs, rhs, ins.shapes[0], _dims(ins.attrs, "lhs_contracting_dims"),
+                                   _dims(ins.attrs, "rhs_contracting_dims"), _dims(ins.attrs, "lhs_batch_dims"),
+                                   _dims(ins.attrs, "rhs_batch_dims"), count))
+            elif ins.opcode == "fusion" and depth < 4:
+                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                found += dots_in(mod.computations.get(callee, []), count, depth + 1)
+        return found
+
+    out = []
+    for comp, m in mult.items():
+        out += dots_in(mod.computations.get(comp, []), m)
+    return out
+
+
 _MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?"
                           r"(?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}")
 

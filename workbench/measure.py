@@ -180,7 +180,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     Joins each traced kernel (a fusion or unfused op of the optimized HLO, `hlo_text`) with its CostReport-style
     costs (workbench.hlo.parse_kernels: flops and bytes per call) and returns per-step totals: 'kernels' (the `top`
-    longest: name, class, ms, calls, GFLOP, achieved GFLOP/s and GB/s, the dot's shape, the op_name it came from),
+    longest: name, class, ms, min_ms (its fastest single call), calls, GFLOP, achieved GFLOP/s and GB/s, the dot's shape, the op_name it came from),
     'classes' (ms, calls, GFLOP by matmul / copy/transpose / dynamic-(update-)slice / broadcast / collective /
     elementwise/reduce; on simulated devices each device's kernels add up, and a collective includes the wait)
     and 'matmul_rate' (the dots' flops over their time). The thunk runtime may run independent kernels at once, so
@@ -213,10 +213,12 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
         shutil.rmtree(logdir, ignore_errors=True)
     dur: dict[str, float] = collections.Counter()
     calls: dict[str, float] = collections.Counter()
+    fastest: dict[str, float] = {}
     for e in events:
         if e["name"] in instrs:
             dur[e["name"]] += e.get("dur", 0) / 1e6 / steps
             calls[e["name"]] += 1 / steps
+            fastest[e["name"]] = min(fastest.get(e["name"], math.inf), e.get("dur", 0) / 1e6)
     rows = []
     for name, sec in dur.items():
         ins = instrs[name]
@@ -230,7 +232,8 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
         nbytes = (k.bytes if k else 0.0) * calls[name]
         rate = flops / sec if sec > 0 else 0.0
         rows.append({"name": name, "class": _kernel_class(name, dot is not None), "ms": sec * 1e3,
-                     "calls": round(calls[name], 2), "gflop": flops / 1e9, "gflop_per_s": rate / 1e9,
+                     "min_ms": fastest[name] * 1e3, "calls": round(calls[name], 2), "gflop": flops / 1e9,
+                     "gflop_per_s": rate / 1e9,
                      "gb_per_s": nbytes / sec / 1e9 if sec > 0 else 0.0,
                      "dot": _dot_text(dot) if dot is not None else None,
                      "op": "/".join(meta.group(1).split("/")[-2:]) if meta else "",
@@ -250,3 +253,67 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
             "async_dots": sum(1 for r in rows if r["async"]),
             "note": "per-step kernel times from a jax.profiler trace; concurrent kernels overlap, async Eigen dots "
                     "show only their dispatch"}
+
+
+def dot_floor(hlo_text: str, *, steps: int = 5, warmup: int = 5, ceiling_flops: float | None = None,
+              progress=None) -> dict:
+    """The time a compiled program's dots take on their own: a floor under its step time, whatever the rest costs.
+
+    Every dot of the optimized HLO (workbench.hlo.parse_dots: operand shapes, dimension numbers, executions per run)
+    is reduced to its matrix-multiply sizes, batch B × (M×K)·(K×N), and compiled alone in the layout XLA needs no
+    copy for ([B,]M,K)·([B,]K,N); after `warmup` calls, `steps` calls are traced with jax.profiler (profile_kernels)
+    and each matmul kernel counts at its fastest call: no dispatch, no layout copies, no other kernel sharing the
+    cores. Dots of the same sizes are timed once. Returns {'dot_s': seconds per program run, 'gflop', 'rate' (FLOP/s),
+    'dots': one row per distinct size, longest total first, 'note'}. For a per-device program on simulated devices
+    the host runs n_devices of these.
+    """
+    import collections
+
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.hlo import HLO_TO_NUMPY, parse_dots
+
+    groups: dict[tuple, list] = collections.OrderedDict()
+    for d in parse_dots(hlo_text):
+        free_l = [n for i, n in enumerate(d.lhs.dims) if i not in d.lhs_contracting + d.lhs_batch]
+        free_r = [n for i, n in enumerate(d.rhs.dims) if i not in d.rhs_contracting + d.rhs_batch]
+        bmkn = tuple(int(np.prod(x)) for x in ([d.lhs.dims[i] for i in d.lhs_batch], free_l,
+                                                [d.lhs.dims[i] for i in d.lhs_contracting], free_r))
+        key = (bmkn, d.lhs.dtype, d.rhs.dtype, d.out.dtype)
+        g = groups.setdefault(key, [d, 0])
+        g[1] += d.count
+    rows = []
+    dev = jax.devices()[0]
+    for i, (((b, m, k, n), lt, rt, ot), (d, count)) in enumerate(groups.items()):
+        what = (f"{b}×" if b > 1 else "") + f"({m}×{k})·({k}×{n}) {lt}"
+        if progress:
+            progress(i, len(groups), what)
+        lead = (b,) if b > 1 else ()
+        lhs = jax.ShapeDtypeStruct(lead + (m, k), jnp.dtype(HLO_TO_NUMPY.get(lt, "float32")))
+        rhs = jax.ShapeDtypeStruct(lead + (k, n), jnp.dtype(HLO_TO_NUMPY.get(rt, "float32")))
+        dims = (((len(lead) + 1,), (len(lead),)), ((0,), (0,)) if lead else ((), ()))
+        out_dt = jnp.dtype(HLO_TO_NUMPY.get(ot, "float32"))
+        fn = jax.jit(lambda a, c, dims=dims, out_dt=out_dt: jax.lax.dot_general(a, c, dims,
+                                                                               preferred_element_type=out_dt))
+        x, y = (jax.device_put(v, dev) for v in random_inputs((lhs, rhs), seed=i))
+        compiled = fn.lower(x, y).compile()
+        for _ in range(max(warmup - 1, 0)):
+            _block(compiled(x, y))
+        prof = profile_kernels(lambda _, c=compiled: c(x, y), compiled.as_text(), steps=steps,
+                               ceiling_flops=ceiling_flops, top=50)
+        mm = [r for r in prof["kernels"] if r["class"] == "matmul"]
+        if mm and not any(r["async"] for r in mm):
+            sec, how = sum(r["min_ms"] * r["calls"] for r in mm) / 1e3, "trace"
+        else:  # an asynchronous Eigen dot shows only its dispatch in the trace: the program's wall clock instead
+            sec, how = measure(compiled, x, y, warmup=1, repeats=max(steps, 5)).min_s, "wall"
+        rows.append({"dot": what, "count": count, "ms_each": sec * 1e3, "ms_total": sec * 1e3 * count,
+                     "gflop_per_s": d.flops / sec / 1e9 if sec > 0 else 0.0, "gflop_total": d.flops * count / 1e9,
+                     "timed_by": how, "example": str(d)})
+    rows.sort(key=lambda r: -r["ms_total"])
+    dot_s = sum(r["ms_total"] for r in rows) / 1e3
+    gflop = sum(r["gflop_total"] for r in rows)
+    return {"dot_s": dot_s, "gflop": gflop, "rate": gflop * 1e9 / dot_s if dot_s else None, "dots": rows,
+            "note": "each dot of the program as its matrix sizes, compiled alone in a copy-free layout and traced "
+                    "(matmul kernels only: no dispatch, no layout copies, no other kernel sharing the cores), "
+                    "times its executions per run"}

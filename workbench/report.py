@@ -66,7 +66,9 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 
 def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = None, title: str = "") -> str:
     """Two panels from benchmarks.mfu rows: MFU per case (devices × strategy × mesh × batch) with the target for
-    its device count drawn as a tick, and the measured kernel time per class as shares of each case's total."""
+    its device count drawn as a dashed tick and, where the row has one, the bound its dots alone set (`mfu_bound`,
+    workbench.measure.dot_floor) as a hollow bar; below, the measured kernel time per class as shares of each
+    case's total."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,12 +79,17 @@ def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = No
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(rows) + 2), 8), sharex=True)
     xs = range(len(rows))
     ax1.bar(xs, [100 * r["mfu"] for r in rows], color=["tab:blue" if r["devices"] == 1 else "tab:orange" for r in rows])
+    bounds = [r.get("mfu_bound") for r in rows]
+    if any(b is not None for b in bounds):
+        ax1.bar(xs, [100 * min(b, 1.0) if b is not None else 0 for b in bounds], fill=False, edgecolor="tab:gray",
+                linewidth=1.0, label="bound: the step's dots timed alone")
+        ax1.legend(fontsize=7, loc="upper right")
     for x, r in zip(xs, rows):
         ax1.text(x, 100 * r["mfu"] + 1, f"{100 * r['mfu']:.0f}%", ha="center", fontsize=8)
         if targets and r["devices"] in targets:
             ax1.hlines(100 * targets[r["devices"]], x - 0.4, x + 0.4, colors="k", linestyles="--")
     ax1.set_ylabel("MFU, % of the calibrated XLA matmul ceiling")
-    ax1.set_ylim(0, 100)
+    ax1.set_ylim(0, 110)
     ax1.set_title(title or "MFU per case (dashed: the target)")
     classes = sorted({c for r in rows for c in (r.get("kernel_profile") or {}).get("classes", {})},
                      key=lambda c: -sum((r.get("kernel_profile") or {}).get("classes", {}).get(c, {}).get("ms", 0)

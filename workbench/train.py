@@ -277,7 +277,10 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
-    joined with their costs as 'kernel_profile' (workbench.measure.profile_kernels; not in the losses or timings).
+    joined with their costs as 'kernel_profile' (workbench.measure.profile_kernels; not in the losses or timings),
+    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.dot_floor), 'step_floor_s' (their time
+    per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
+    took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
 
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
@@ -369,7 +372,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
-        from workbench.measure import profile_kernels
+        from workbench.measure import dot_floor, profile_kernels
 
         def traced_step(i):
             nonlocal state
@@ -377,6 +380,12 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
             return metrics["loss"]
 
         kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
+        # the floor under the step: its dots alone (simulated devices share the host, so theirs add up)
+        floor = dot_floor(comp.hlo_text, ceiling_flops=ceiling)
+        floor["step_floor_s"] = floor["dot_s"] * (n_dev if spec is not None and spec.kind == "cpu" else 1)
+        floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
+                              if (ceiling and floor["step_floor_s"]) else None)
+        kernel_profile["dot_floor"] = floor
     prediction = None
     if spec is not None:
         from workbench.roofline import predict

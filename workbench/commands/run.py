@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
                        peak_memory_per_device=r["cost"]["memory"]["peak_bytes"])
         if profile:
             summary["kernel_profile"] = {k: r["kernel_profile"][k] for k in ("kernel_ms", "classes", "matmul_rate")}
+            fl = r["kernel_profile"]["dot_floor"]
+            summary["dot_floor"] = {k: fl[k] for k in ("dot_s", "step_floor_s", "mfu_bound", "gflop", "rate")}
         if json_out:
             emit_json(rec if full else summary)
             return
@@ -90,4 +92,10 @@ def register(app: typer.Typer) -> None:
             print_table([{"kernel": k["name"], "class": k["class"], "ms/step": k["ms"], "calls": k["calls"],
                           "GFLOP/s": k["gflop_per_s"], "GB/s": k["gb_per_s"], "what": (k["dot"] or k["op"])[:60]}
                          for k in kp["kernels"][:12]], title="longest kernels")
+            fl = kp["dot_floor"]
+            print_table([{"dot": d["dot"], "runs/step": d["count"], "ms each": d["ms_each"], "ms/step": d["ms_total"],
+                          "GFLOP/s": d["gflop_per_s"]} for d in fl["dots"][:8]],
+                        title=f"the step's dots timed alone: {fl['step_floor_s']:.3f} s per step at "
+                              f"{(fl['rate'] or 0) / 1e9:.0f} GFLOP/s, so MFU <= {fl['mfu_bound'] or 0:.1%} "
+                              f"whatever the rest costs (measured step {r['step_s']:.3f} s)")
         print(f"record {rec['id']} appended to the results store")
