@@ -180,7 +180,8 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     Joins each traced kernel (a fusion or unfused op of the optimized HLO, `hlo_text`) with its CostReport-style
     costs (workbench.hlo.parse_kernels: flops and bytes per call) and returns per-step totals: 'kernels' (the `top`
-    longest: name, class, ms, min_ms (its fastest single call), calls, GFLOP, achieved GFLOP/s and GB/s, the dot's shape, the op_name it came from),
+    longest: name, class, ms, min_ms (its fastest single call), calls, GFLOP, achieved GFLOP/s and GB/s, the dot's
+    shape, the op_name it came from),
     'classes' (ms, calls, GFLOP by matmul / copy/transpose / dynamic-(update-)slice / broadcast / collective /
     elementwise/reduce; on simulated devices each device's kernels add up, and a collective includes the wait)
     and 'matmul_rate' (the dots' flops over their time). The thunk runtime may run independent kernels at once, so
