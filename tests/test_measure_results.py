@@ -115,8 +115,9 @@ def test_mfu_chart_writes_a_png(tmp_path):
     from workbench.report import mfu_chart
 
     rows = [{"devices": d, "strategy": "dp", "mesh": f"data={d}", "batch": 8, "mfu": m,
+             "mfu_bound": b,
              "kernel_profile": {"kernel_ms": 10.0, "classes": {"matmul": {"ms": 7.0}, "collective": {"ms": 3.0}}}}
-            for d, m in ((1, 0.5), (8, 0.4))]
+            for d, m, b in ((1, 0.5, 0.85), (8, 0.4, None))]
     path = mfu_chart(rows, str(tmp_path / "mfu.png"), targets={1: 0.8, 8: 0.65})
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
