@@ -382,7 +382,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
         # the floor under the step: its dots alone (simulated devices share the host, so theirs add up)
         floor = dot_floor(comp.hlo_text, ceiling_flops=ceiling)
-        floor["step_floor_s"] = floor["dot_s"] * (n_dev if spec is not None and spec.kind == "cpu" else 1)
+        floor["step_floor_s"] = floor["dot_s"] * (n_dev if mesh.devices.flat[0].platform == "cpu" else 1)
         floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
                               if (ceiling and floor["step_floor_s"]) else None)
         kernel_profile["dot_floor"] = floor
