@@ -323,16 +323,22 @@ def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: fl
     return sum(by), out_bytes
 
 
-def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
-    """Every kernel (fusion or unfused op) the device runs, with bytes in/out and estimated flops."""
-    mod = mod or parse_module(text)
-    mult = _multiplicities(mod)
+def _array_shapes(mod: Module) -> dict[str, Shape]:
+    """Instruction name -> its shape, for every instruction that yields one array."""
     shapes: dict[str, Shape] = {}
     for instrs in mod.computations.values():
         for i in instrs:
             ss = i.shapes
             if len(ss) == 1:
                 shapes[i.name] = ss[0]
+    return shapes
+
+
+def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
+    """Every kernel (fusion or unfused op) the device runs, with bytes in/out and estimated flops."""
+    mod = mod or parse_module(text)
+    mult = _multiplicities(mod)
+    shapes = _array_shapes(mod)
     by_name = mod.by_name()
     out = []
     for comp, m in mult.items():
@@ -402,12 +408,7 @@ def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
     """Every dot the device runs (unfused, or inside a fusion), with its operand shapes and executions per run."""
     mod = mod or parse_module(text)
     mult = _multiplicities(mod)
-    shapes: dict[str, Shape] = {}
-    for instrs in mod.computations.values():
-        for i in instrs:
-            ss = i.shapes
-            if len(ss) == 1:
-                shapes[i.name] = ss[0]
+    shapes = _array_shapes(mod)
 
     def dots_in(body: list[Instr], count: int, depth: int = 0) -> list[DotOp]:
         found = []
