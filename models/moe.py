@@ -569,7 +569,6 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
     return result
 
 
-
 def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor):
     """Rows grouped by (local) expert through the experts (dropless, ragged_dot); partial sums over the tensor axis
     reduced; the output bias added. With opt.skip_experts the rows pass through (flop attribution)."""
@@ -580,6 +579,7 @@ def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor)
     if tensor is not None:
         y = jax.lax.psum(y, tensor)
     return _add_out_bias(p, y, expert_r)
+
 
 def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype):
     """Dropless EP with ragged all-to-all: send each expert exactly its rows, compute with ragged_dot, send back.

@@ -250,6 +250,11 @@ class CollectiveOp:
     mesh_axes: tuple[str, ...] = ()
 
 
+def _dims(attrs: str, key: str) -> tuple[int, ...]:
+    """The integers of a dimension-list attribute (lhs_contracting_dims={1,2} -> (1, 2)); () when absent."""
+    return tuple(int(d) for d in re.findall(r"\d+", _attr(attrs, key) or ""))
+
+
 def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
     """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
     root of m·n·k per batch element: what decides how close a matmul library gets to peak."""
@@ -262,14 +267,9 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
             batch = 1
             if ins.opcode == "dot":
                 lhs = shapes.get(ins.operands[0]) if ins.operands else None
-                cdims = _attr(ins.attrs, "lhs_contracting_dims")
-                if lhs is not None and cdims:
-                    for d in re.findall(r"\d+", cdims):
-                        k *= lhs.dims[int(d)]
-                bdims = _attr(ins.attrs, "lhs_batch_dims")
-                if lhs is not None and bdims:
-                    for d in re.findall(r"\d+", bdims):
-                        batch *= lhs.dims[int(d)]
+                if lhs is not None:
+                    k = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims")]))
+                    batch = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_batch_dims")]))
             else:
                 # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
@@ -400,10 +400,6 @@ class DotOp:
         return f"{self.lhs}·{self.rhs} c={self.lhs_contracting}/{self.rhs_contracting}{b} -> {self.out}"
 
 
-def _dims(attrs: str, key: str) -> tuple[int, ...]:
-    return tuple(int(d) for d in re.findall(r"\d+", _attr(attrs, key) or ""))
-
-
 def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
     """Every dot the device runs (unfused, or inside a fusion), with its operand shapes and executions per run."""
     mod = mod or parse_module(text)
@@ -485,20 +481,21 @@ def mesh_axes_of_groups(groups, mesh) -> tuple[str, ...]:
     ids = np.vectorize(lambda d: d.id)(mesh.devices) if mesh.devices.dtype == object else mesh.devices
     names = list(mesh.axis_names)
     target = {frozenset(g) for g in groups}
-    for r in range(1, len(names) + 1):
-        for axes in itertools.combinations(range(len(names)), r):
-            rest = [a for a in range(len(names)) if a not in axes]
-            arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
-            if {frozenset(int(x) for x in row) for row in arr} == target:
-                return tuple(names[a] for a in axes)
+
+    def groups_along():  # (axis indices, the device groups they form), smallest axis sets first
+        for r in range(1, len(names) + 1):
+            for axes in itertools.combinations(range(len(names)), r):
+                rest = [a for a in range(len(names)) if a not in axes]
+                arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
+                yield axes, [frozenset(int(x) for x in row) for row in arr]
+
+    for axes, rows in groups_along():
+        if set(rows) == target:
+            return tuple(names[a] for a in axes)
     # groups inside one axis's groups but smaller (XLA split the axis): the smallest such axis set, marked "[part]"
-    for r in range(1, len(names) + 1):
-        for axes in itertools.combinations(range(len(names)), r):
-            rest = [a for a in range(len(names)) if a not in axes]
-            arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
-            rows = [frozenset(int(x) for x in row) for row in arr]
-            if all(any(g <= row for row in rows) for g in target if len(g) > 1):
-                return tuple(f"{names[a]}[part]" for a in axes)
+    for axes, rows in groups_along():
+        if all(any(g <= row for row in rows) for g in target if len(g) > 1):
+            return tuple(f"{names[a]}[part]" for a in axes)
     return ()
 
 
