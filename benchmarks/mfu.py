@@ -101,16 +101,23 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.tiny:
         a.preset, a.steps, a.batch = "tiny", 4, "8"
-    if a.worker is not None:
+
+    def ints(flag: str, text: str) -> list[int]:  # checked here, before any worker starts
         try:
-            batches = [int(x) for x in a.batch.split(",") if x.strip()]
+            vals = [int(x) for x in text.split(",") if x.strip()]
         except ValueError:
-            ap.error(f"--batch takes comma-separated integers, got {a.batch!r}")
+            vals = []
+        if not vals or min(vals) < 1:
+            ap.error(f"{flag} takes comma-separated positive integers, got {text!r}")
+        return vals
+
+    batches, device_counts = ints("--batch", a.batch), ints("--devices", a.devices)
+    if a.worker is not None:
         rows = worker(a.worker, a.preset, a.steps, batches, a.precision, overrides=a.overrides)
         print(json.dumps(rows))
         return rows
     rows = []
-    for n in [int(x) for x in a.devices.split(",") if x.strip()]:
+    for n in device_counts:
         cmd = [sys.executable, "-m", "benchmarks.mfu", "--worker", str(n), "--preset", a.preset,
                "--steps", str(a.steps), "--batch", str(a.batch)] + (["--precision", a.precision] if a.precision else []) \
             + (["--set", a.overrides] if a.overrides else [])

@@ -149,9 +149,10 @@ def _trace_events(logdir: str) -> list[dict]:
 def _kernel_class(name: str, dot: bool) -> str:
     if dot:
         return "matmul"
+    from workbench.hlo import COLLECTIVE_KINDS
+
     base = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[-1].isdigit() else name
-    if base.startswith(("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                        "ragged-all-to-all")):
+    if base.startswith(COLLECTIVE_KINDS):
         return "collective"  # on simulated devices: includes waiting for the other devices
     if "dynamic-update-slice" in base:
         return "dynamic-update-slice"
