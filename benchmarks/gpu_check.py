@@ -6,7 +6,7 @@
 
 1. detects the backend and the chip (device_kind → catalogue entry);
 2. calibrates: a bfloat16 matmul large enough to fill an H200 (8192³), a float32 one, and a device-to-device copy
-   (bytes read + written) — through the one harness, workbench.measure;
+   (bytes read + written) — through the one harness, workbench.measure.harness;
 3. runs the built-in op suite, measured, and predicted against both the catalogue chip and the calibration;
 4. runs the sections other parts add (precision: bf16 vs fp8 matmul), each guarded so one failure does not lose
    the rest;
@@ -41,7 +41,7 @@ SECTIONS = ["benchmarks.gpu_precision"]  # modules with run(out_dir, spec, tiny)
 
 
 def detect_chip(device_kind: str, platform: str):
-    from workbench.hardware import catalogue, get_spec
+    from workbench.hardware.spec import catalogue, get_spec
 
     kind = device_kind.lower().replace(" ", "").replace("-", "")
     if platform == "cpu":
@@ -59,7 +59,7 @@ def calibrate_device(dev, tiny: bool) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from workbench.measure import measure, measure_steps, random_inputs
+    from workbench.measure.harness import measure, measure_steps, random_inputs
 
     out = {}
     n = 256 if tiny else 8192
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     t_start = time.time()
     import jax
 
-    from workbench.demo import run_suite
-    from workbench.devices import default_platform
+    from workbench.programs.demo import run_suite
+    from workbench.hardware.devices import default_platform
 
     if tiny:
         default_platform()
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
 
 
 def _last_record() -> dict:
-    from workbench.results import Store
+    from workbench.results.store import Store
 
     return Store().records()[-1]
 

@@ -8,14 +8,14 @@ Two parts, both recorded (kind 'precision_roofline') and drawn:
    model sends through its precision policy, found by tracing the model abstractly (no compile, so large presets
    are cheap) - become an analytic CostReport: per GEMM the forward, dgrad and wgrad products, each reading its two
    operands at the policy's storage width (fp8: 1 byte; MX: element bits + 8 bits per 32-element block) and writing
-   its output (the compute dtype; weight gradients float32). workbench.roofline.predict prices every GEMM at the
+   its output (the compute dtype; weight gradients float32). workbench.roofline.prediction.predict prices every GEMM at the
    chip's peak for the policy's matmul dtype (fp8 where the chip has fp8 units; the catalogue's fallback otherwise -
    the prediction's notes say so) and its memory bandwidth. What this leaves out: the non-GEMM work (norms, softmax,
    the optimizer), the cost of computing scales and casting, and MX's per-block scaling on chips without MX units
    (H100/H200 run MXFP8 as fp8 with software block scales: priced at the fp8 peak, an optimistic bound).
-2. This host: the real training step of `tiny`/`small` per policy, compiled (workbench.compile.compile_program:
+2. This host: the real training step of `tiny`/`small` per policy, compiled (workbench.cost.compile.compile_program:
    the CostReport of the program XLA:CPU runs), predicted against the calibrated host, and measured with
-   workbench.measure. XLA:CPU has no bf16/fp16/fp8/MX units: these programs are emulations (float32 arithmetic plus
+   workbench.measure.harness. XLA:CPU has no bf16/fp16/fp8/MX units: these programs are emulations (float32 arithmetic plus
    casts and clamps), so the measured time is the cost of the emulation, never a speedup.
 """
 from __future__ import annotations
@@ -104,8 +104,8 @@ def gemm_cost(gemms: list[Gemm], policy, peak_dtype: str):
     whole step on one chip."""
     import numpy as np
 
-    from workbench.costs import CostReport
-    from workbench.hlo import KernelCost
+    from workbench.cost.report import CostReport
+    from workbench.cost.hlo import KernelCost
 
     w = policy_widths(policy)
     kernels = []
@@ -146,10 +146,10 @@ def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host
     from models.precision import available, get_policy
     from models.presets import get_config
     from models.quant import POLICY_ORDER, matmul_format
-    from workbench import results
+    from workbench.results import store as results
     from workbench.errors import WorkbenchError
-    from workbench.hardware import get_spec
-    from workbench.roofline import predict
+    from workbench.hardware.spec import get_spec
+    from workbench.roofline.prediction import predict
 
     targets = targets or TARGETS
     policies = policies or [p for p in POLICY_ORDER if p in available()]
@@ -205,12 +205,12 @@ def host_part(cfg, preset, policies, host, batch, steps, store) -> list[dict]:
     import jax
 
     from partitioning.mesh import make_mesh
-    from workbench import results
-    from workbench.compile import compile_program
-    from workbench.data import Batches, shard_batch
-    from workbench.measure import measure_steps
-    from workbench.roofline import predict
-    from workbench.train import _abstract_with, build_train_step
+    from workbench.results import store as results
+    from workbench.cost.compile import compile_program
+    from workbench.programs.data import Batches, shard_batch
+    from workbench.measure.harness import measure_steps
+    from workbench.roofline.prediction import predict
+    from workbench.programs.train import _abstract_with, build_train_step
 
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     out = []
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, two policies, 2 host steps")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
-    from workbench.devices import default_platform
+    from workbench.hardware.devices import default_platform
 
     default_platform()
     if a.tiny:
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

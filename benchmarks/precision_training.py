@@ -4,7 +4,7 @@ and a figure.
 
     python -m benchmarks.precision_training [--presets tiny,small] [--steps-tiny 300] [--steps-small 200] [--tiny]
 
-Uses workbench.train.train_model (one device, strategy dp). The issue's target: bf16 and fp8-delayed within 2% of
+Uses workbench.programs.train.train_model (one device, strategy dp). The issue's target: bf16 and fp8-delayed within 2% of
 float32's final validation loss on `tiny` after 300 steps. Step times in these records are of emulated formats on a
 CPU host (XLA:CPU has no bf16/fp8/MX units): they say nothing about accelerator speed; study (c) does that.
 """
@@ -20,14 +20,14 @@ if os.path.dirname(HERE) not in sys.path:
 
 
 def grad_scaling_mode(cfg, seed: int = 0) -> str:
-    """Whether workbench.train's step commits fp8-delayed's gradient-scaling state (delayed E5M2 scales) or drops it
+    """Whether workbench.programs.train's step commits fp8-delayed's gradient-scaling state (delayed E5M2 scales) or drops it
     (gradients then use this step's amax: current scaling). Measured: two steps, then read the state."""
     import jax
     import numpy as np
 
     from partitioning.mesh import make_mesh
-    from workbench.data import Batches, shard_batch
-    from workbench.train import build_train_step
+    from workbench.programs.data import Batches, shard_batch
+    from workbench.programs.train import build_train_step
 
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     prog = build_train_step(cfg, policy="fp8-delayed", mesh=mesh, strategy="dp", batch_size=2, seq_len=cfg.seq_len,
@@ -80,8 +80,8 @@ def _run_one(presets, steps, policies, batch_size, seed, out_dir, record) -> dic
     from models.presets import get_config
     from models.quant import POLICY_ORDER
     from partitioning.mesh import make_mesh
-    from workbench import results
-    from workbench.train import train_model
+    from workbench.results import store as results
+    from workbench.programs.train import train_model
 
     steps = steps or {"tiny": 300, "small": 200}
     policies = policies or [p for p in POLICY_ORDER if p in available()]
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, 20 steps, three policies")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
-    from workbench.devices import default_platform
+    from workbench.hardware.devices import default_platform
 
     default_platform()
     import json
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

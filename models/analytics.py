@@ -131,7 +131,7 @@ def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict,
                               compute_bytes: int = 4, param_bytes: int = 4) -> dict[str, float]:
     """Per-device collective payload bytes one training step of a dense model should move, by mesh axis.
 
-    Payload convention (workbench.hlo): all-reduce = the array reduced, all-gather = the gathered (full) array,
+    Payload convention (workbench.cost.hlo): all-reduce = the array reduced, all-gather = the gathered (full) array,
     reduce-scatter = the full input. What each strategy implies:
       dp       data:  all-reduce of every gradient                                  = P
       fsdp     data:  all-gather of every parameter with an embed dimension (once, kept for the backward pass)

@@ -1,4 +1,4 @@
-"""workbench.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
+"""workbench.programs.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
 floor; memory that cannot fit is reported (pre-check and compiler), never a crash."""
 
 import jax
@@ -9,7 +9,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from partitioning import topology as topo
-from workbench import predict as wp
+from workbench.programs import predict as wp
 from workbench.errors import WorkbenchError
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
@@ -68,7 +68,7 @@ def test_precheck_skips_the_compile_when_the_state_alone_overflows(results_dir):
     # float32 params + AdamW m and v (12 B/param), replicated: the shard-shape sum is that, plus a few scalars
     assert 12 * n <= r["state_bytes_per_device"] <= 12 * n + 1024
     assert "not compiled" in r["reason"]
-    from workbench.results import Store
+    from workbench.results.store import Store
 
     assert Store().records("predict")[-1]["extra"]["fits"] is False
 
@@ -109,7 +109,7 @@ def test_tiny_compiles_for_tpu_topologies(target, kind, results_dir):
     _check_prediction(r)
     assert r["compiler"] == "libtpu" and r["chip"].startswith("tpu-")
     assert any(k.startswith(("all-gather", "reduce-scatter", "all-reduce")) for k in r["collectives"])
-    rec = __import__("workbench.results").results.Store().records("predict")[-1]
+    rec = __import__("workbench.results.store").results.Store().records("predict")[-1]
     assert rec["spec"]["target"] == target and rec["costs"]["scope"] == "per_device"
     assert rec["prediction"]["target"] == r["chip"]
 

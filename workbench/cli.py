@@ -38,7 +38,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hostmem.py)
-        from workbench.hostmem import reexec_with_hugepages
+        from workbench.hardware.hostmem import reexec_with_hugepages
 
         reexec_with_hugepages()
     try:

@@ -5,7 +5,7 @@ import json
 import sys
 from typing import Any
 
-from workbench.results import _clean
+from workbench.results.store import _clean
 
 
 def emit_json(obj: Any) -> None:

@@ -11,9 +11,9 @@ def register(app: typer.Typer) -> None:
                       json_out: bool = typer.Option(False, "--json")):
         """Measure XLA's matmul FLOP/s (float32, bfloat16), streaming bandwidth and special-function throughput on
         this host, beside the physical peaks derived from its CPU features. Cached per host fingerprint."""
-        from workbench.calibrate import load_or_calibrate
+        from workbench.measure.calibrate import load_or_calibrate
         from workbench.commands._common import emit_json
-        from workbench.devices import request_devices
+        from workbench.hardware.devices import request_devices
 
         request_devices(None)
         cal = load_or_calibrate(force=force, quick=quick)

@@ -12,9 +12,9 @@ def register(app: typer.Typer) -> None:
     def hw_list(json_out: bool = typer.Option(False, "--json")):
         """All chips with their headline figures (host: from the cached calibration, if any)."""
         from workbench.commands._common import emit_json, print_table
-        from workbench.devices import default_platform
+        from workbench.hardware.devices import default_platform
         from workbench.errors import WorkbenchError
-        from workbench.hardware import catalogue, get_spec
+        from workbench.hardware.spec import catalogue, get_spec
 
         default_platform()
         rows = []
@@ -41,8 +41,8 @@ def register(app: typer.Typer) -> None:
     def hw_show(name: str, json_out: bool = typer.Option(False, "--json")):
         """One chip, every figure with its source and the date it was read."""
         from workbench.commands._common import emit_json
-        from workbench.devices import default_platform
-        from workbench.hardware import get_spec
+        from workbench.hardware.devices import default_platform
+        from workbench.hardware.spec import get_spec
 
         default_platform()
         spec = get_spec(name)

@@ -87,7 +87,7 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     combine). flops_experts = total - routing_dispatch. flops_experts_useful: 2·T·k·D·F·(2 or 3 matrices) / devices
     (what a perfect grouped matmul does; capacity padding and XLA:CPU's dense lowering of ragged_dot show up as the
     excess). all_to_all_bytes: payload of the compiled program's all-to-all ops. Routing statistics come from one
-    execution on random inputs (counts, not timings). Predictions: workbench.roofline.predict of the compiled costs
+    execution on random inputs (counts, not timings). Predictions: workbench.roofline.prediction.predict of the compiled costs
     on each target chip (collectives over the chip's interconnect).
     """
     import jax
@@ -102,9 +102,9 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     from partitioning.mesh import make_mesh
     from partitioning.rules import get_rules
     from partitioning.shard import activation_sharding, spec_for, state_shardings
-    from workbench.compile import compile_program
-    from workbench.hardware import get_spec
-    from workbench.roofline import predict
+    from workbench.cost.compile import compile_program
+    from workbench.hardware.spec import get_spec
+    from workbench.roofline.prediction import predict
 
     if tokens % seq:
         raise WorkbenchError(f"--tokens {tokens} must be a multiple of --seq {seq}")
@@ -194,7 +194,7 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
         "compile_s": comp.compile_s,
     }
     if measure:
-        from workbench.measure import measure as _measure
+        from workbench.measure.harness import measure as _measure
 
         m = _measure(comp.compiled, state, x, warmup=2, repeats=10, compile_s=comp.compile_s)
         result["measured"] = m.to_dict()
@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON to stdout"),
     ):
         """Route synthetic logits; print dropped fraction, per-expert load, aux losses, entropy."""
-        from workbench.devices import default_platform
+        from workbench.hardware.devices import default_platform
 
         positive_int("--tokens", tokens)
         positive_int("--experts", experts)
@@ -260,7 +260,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ):
         """Compile one MoE layer on a mesh: flops of routing/dispatch vs experts, all-to-all bytes, predictions."""
-        from workbench.devices import request_devices
+        from workbench.hardware.devices import request_devices
 
         request_devices(positive_int("--devices", devices))
         cf = None if dropless else capacity_factor
@@ -269,7 +269,7 @@ def register(app: typer.Typer) -> None:
                                 strategy=strategy, backward=backward,
                                 targets=[t for t in targets.split(",") if t], measure=do_measure)
         if record:
-            from workbench.results import Store, make_record
+            from workbench.results.store import Store, make_record
 
             spec = {k: out[k] for k in ("tokens", "seq", "d_model", "d_ff", "experts", "top_k", "capacity_factor",
                                         "router", "score", "mlp", "mesh", "strategy", "program")}

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             positive_int("--workers", workers)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from workbench.plan import plan
+        from workbench.programs.plan import plan
 
         strats = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),

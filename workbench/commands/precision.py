@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         record: bool = typer.Option(False, "--record", help="also append the rows to the results store"),
     ):
         """Relative error of each policy's matmul against a float64 reference (study a, quick)."""
-        from workbench.devices import request_devices
+        from workbench.hardware.devices import request_devices
         from workbench.errors import WorkbenchError
 
         request_devices(None)
@@ -167,7 +167,7 @@ def register(app: typer.Typer) -> None:
 
 def _record(rows: list[dict]) -> None:
     """Append study-a rows as records (kind 'precision_error')."""
-    from workbench import results
+    from workbench.results import store as results
 
     store = results.Store()
     for r in rows:

@@ -16,7 +16,7 @@ def setup_target_devices(target_text: str, gpu_compiler: str = "auto"):
     """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
     that many CPU devices)."""
     from partitioning.topology import gpu_compiler_for, parse_target
-    from workbench.devices import default_platform, request_devices
+    from workbench.hardware.devices import default_platform, request_devices
 
     target = parse_target(target_text)
     if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
         tgt = setup_target_devices(target, gpu_compiler)
-        from workbench.predict import PredictSpec, predict
+        from workbench.programs.predict import PredictSpec, predict
 
         spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
                            mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
                  json_out: bool = typer.Option(False, "--json")):
         """The latest records, one line each."""
         from workbench.commands._common import emit_json, print_table
-        from workbench.results import Store
+        from workbench.results.store import Store
 
         recs = Store().records(kind)[-last:]
         rows = [{"id": r["id"], "kind": r["kind"], "time": r["provenance"]["time"],
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         """One record, whole, as JSON."""
         from workbench.commands._common import emit_json
         from workbench.errors import WorkbenchError
-        from workbench.results import Store
+        from workbench.results.store import Store
 
         for r in Store().records():
             if r["id"].startswith(record_id):
@@ -41,6 +41,6 @@ def register(app: typer.Typer) -> None:
     @res.command("path")
     def path_cmd():
         """Where records are written ($WORKBENCH_RESULTS, default ./results)."""
-        from workbench.results import Store
+        from workbench.results.store import Store
 
         print(Store().path)

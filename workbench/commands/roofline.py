@@ -26,11 +26,11 @@ def register(app: typer.Typer) -> None:
     ):
         """Compile a built-in op; predict it on the host (and measure it) or on a catalogue chip."""
         from workbench.commands._common import emit_json, print_table
-        from workbench.devices import request_devices
+        from workbench.hardware.devices import request_devices
         from workbench.errors import WorkbenchError
-        from workbench.experiment import run_program, summary
-        from workbench.hardware import resolve_name
-        from workbench.ops import build
+        from workbench.programs.experiment import run_program, summary
+        from workbench.hardware.spec import resolve_name
+        from workbench.programs.ops import build
 
         if repeats < 1:
             raise WorkbenchError(f"--repeats must be >= 1, got {repeats}")

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
                                      "kernel class and the longest kernels, joined with their HLO costs"),
     ):
         """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
-        from workbench.devices import request_devices
+        from workbench.hardware.devices import request_devices
         from workbench.errors import positive_int
 
         steps = positive_int("--steps", steps)
@@ -49,8 +49,8 @@ def register(app: typer.Typer) -> None:
         from models.presets import get_config
         from partitioning.mesh import make_mesh
         from workbench.commands._common import emit_json, print_table
-        from workbench.results import Store, make_record
-        from workbench.train import train_model
+        from workbench.results.store import Store, make_record
+        from workbench.programs.train import train_model
 
         cfg = get_config(preset, overrides)
         m = make_mesh(mesh or f"data={n}")

@@ -26,8 +26,8 @@ import math
 from typing import Any
 
 from partitioning.collectives import collective_time
-from workbench.costs import CostReport
-from workbench.hardware import HardwareSpec, Interconnect, dtype_name
+from workbench.cost.report import CostReport
+from workbench.hardware.spec import HardwareSpec, Interconnect, dtype_name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

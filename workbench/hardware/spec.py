@@ -164,7 +164,7 @@ def catalogue() -> dict[str, HardwareSpec]:
 
 @functools.lru_cache(maxsize=1)
 def _catalogue() -> dict[str, HardwareSpec]:
-    from workbench.catalogue import CHIPS
+    from workbench.hardware.catalogue import CHIPS
 
     return {n: _from_catalogue(n, c) for n, c in CHIPS.items()}
 
@@ -188,7 +188,7 @@ def get_spec(name: str, *, calibrate_if_missing: bool = True) -> HardwareSpec:
     """A catalogue chip by name/alias, or 'host' (built from the cached calibration; calibrates when absent)."""
     n = resolve_name(name)
     if n == "host":
-        from workbench.calibrate import host_spec
+        from workbench.measure.calibrate import host_spec
 
         return host_spec(run_if_missing=calibrate_if_missing)
     return catalogue()[n]

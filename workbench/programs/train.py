@@ -12,8 +12,8 @@ Optimizer: optax AdamW (b1 0.9, b2 0.95, weight decay on matrices only) after gl
 Activations are pinned through partitioning.shard.activation_sharding while the step is traced; the mesh is also
 in context as an abstract mesh (jax.sharding.get_abstract_mesh) for layers that shard_map (models/moe.py).
 
-`train_model(...)` compiles the step through workbench.compile (CostReport), trains on the stdlib corpus, times the
-steps with workbench.measure, predicts with workbench.roofline and returns a JSON-ready dict.
+`train_model(...)` compiles the step through workbench.cost.compile (CostReport), trains on the stdlib corpus, times the
+steps with workbench.measure.harness, predicts with workbench.roofline.prediction and returns a JSON-ready dict.
 """
 from __future__ import annotations
 
@@ -249,8 +249,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 # ------------------------------------------------------------------------------------------------- training loop
 def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     """(spec, FLOP/s ceiling for the whole mesh, note). Simulated CPU devices share the host: the host ceiling."""
-    from workbench.devices import is_simulated
-    from workbench.hardware import get_spec
+    from workbench.hardware.devices import is_simulated
+    from workbench.hardware.spec import get_spec
 
     if hardware is None:
         return None, None, "no hardware ceiling requested"
@@ -277,8 +277,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
-    joined with their costs as 'kernel_profile' (workbench.measure.profile_kernels; not in the losses or timings),
-    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.dot_floor), 'step_floor_s' (their time
+    joined with their costs as 'kernel_profile' (workbench.measure.harness.profile_kernels; not in the losses or timings),
+    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.harness.dot_floor), 'step_floor_s' (their time
     per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
     took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
 
@@ -286,9 +286,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
     """
     from models.analytics import analytics
-    from workbench.compile import compile_program
-    from workbench.data import Batches, shard_batch, unigram_baseline
-    from workbench.measure import measure_steps, summarize
+    from workbench.cost.compile import compile_program
+    from workbench.programs.data import Batches, shard_batch, unigram_baseline
+    from workbench.measure.harness import measure_steps, summarize
 
     steps = int(steps)
     if steps < 1:
@@ -372,7 +372,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
-        from workbench.measure import dot_floor, profile_kernels
+        from workbench.measure.harness import dot_floor, profile_kernels
 
         def traced_step(i):
             nonlocal state
@@ -388,7 +388,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         kernel_profile["dot_floor"] = floor
     prediction = None
     if spec is not None:
-        from workbench.roofline import predict
+        from workbench.roofline.prediction import predict
 
         prediction = predict(cost, spec, dtype=price_dtype)
     step_s = measurement.median_s if measurement else None

@@ -3,14 +3,14 @@
 Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
 the per-shard batch divides). Remat and microbatching only save memory, so by default they are compiled only for the
 strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every candidate
-goes through the same path as `workbench predict` (workbench.predict): lowered for the target's devices in this
+goes through the same path as `workbench predict` (workbench.programs.predict): lowered for the target's devices in this
 thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
-workbench.roofline. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
+workbench.roofline.prediction. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
 say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
 rest are ranked by predicted step time.
 
 Caching. GPU targets compiled for simulated CPU devices use JAX's persistent compilation cache
-(workbench.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
+(workbench.hardware.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
 libtpu's compile-only devices (deserialising needs a TPU client: "PjRtCompiler must be constructed with a Client"),
 so TPU candidates use an outcome cache instead: the candidate's record (costs, prediction, fit) is stored under
 .cache/plan/ keyed by a hash of the lowered StableHLO text, the target, and the jax/jaxlib/libtpu versions — a
@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 from partitioning import topology as topo
-from workbench import predict as wp
+from workbench.programs import predict as wp
 from workbench.errors import WorkbenchError
 
 REMATS = ("none", "per-layer")
@@ -185,7 +185,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     budget = max_candidates if max_candidates is not None else total
     compiler = topo.gpu_compiler_for(t, gpu_compiler)
     if compiler == "cpu-sim" and use_cache:
-        from workbench.devices import enable_compilation_cache
+        from workbench.hardware.devices import enable_compilation_cache
 
         enable_compilation_cache()
     workers = workers or default_workers()
@@ -224,7 +224,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     result["n_pruned"] = len(pruned)
     result["exhaustive"] = exhaustive
     if store:
-        from workbench.results import Store, make_record
+        from workbench.results.store import Store, make_record
 
         Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
                                             "seq": result["seq"], "max_candidates": max_candidates,

@@ -67,7 +67,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = None, title: str = "") -> str:
     """Two panels from benchmarks.mfu rows: MFU per case (devices × strategy × mesh × batch) with the target for
     its device count drawn as a dashed tick and, where the row has one, the bound its dots alone set (`mfu_bound`,
-    workbench.measure.dot_floor) as a hollow bar; below, the measured kernel time per class as shares of each
+    workbench.measure.harness.dot_floor) as a hollow bar; below, the measured kernel time per class as shares of each
     case's total."""
     import matplotlib
 

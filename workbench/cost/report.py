@@ -3,9 +3,9 @@
 Sources, each kept apart so they can be compared:
 - XLA `cost_analysis()` of the compiled program: flops, transcendentals, bytes accessed (per device).
 - XLA `memory_analysis()`: argument, output, temp and alias bytes → per-device peak = args + outputs + temps − aliases.
-- The optimized HLO text (workbench.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
+- The optimized HLO text (workbench.cost.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
   and every collective with payload, dtype, group size and mesh axes. Kernels inside loops count trip-count times.
-- The analytic count of the unoptimized program (workbench.analytic; jax.experimental.roofline), for the whole
+- The analytic count of the unoptimized program (workbench.cost.analytic; jax.experimental.roofline), for the whole
   (global) program: divide by n_devices to compare with a fully partitioned per-device count.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from workbench.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
+from workbench.cost.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
 
 # glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
 # 4·1024·1024·sizeof(long) = 32 MiB on 64-bit), so such buffers are page-faulted in on every call
@@ -28,7 +28,7 @@ class AnalyticCount:
 
     flops: float
     bytes: float  # HBM bytes of the unfused program as jax.experimental.roofline counts them
-    method: str  # 'jax.experimental.roofline' | 'workbench.analytic.jaxpr_dots' (fallback)
+    method: str  # 'jax.experimental.roofline' | 'workbench.cost.analytic.jaxpr_dots' (fallback)
     note: str = ""
 
     def __add__(self, o: "AnalyticCount") -> "AnalyticCount":

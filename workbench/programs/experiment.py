@@ -28,14 +28,14 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None
     """Compile fn for abstract `args`; predict on `target` (a name or HardwareSpec; default: the calibrated host);
     when run=True and the devices are local (the host, or a GPU/TPU host running this), measure on random inputs;
     predictions for `also_predict` specs go into extra; append the record to the store and return it."""
-    from workbench.compile import compile_program
-    from workbench.hardware import get_spec
-    from workbench.measure import measure, random_inputs
-    from workbench.results import Store, make_record
-    from workbench.roofline import predict
+    from workbench.cost.compile import compile_program
+    from workbench.hardware.spec import get_spec
+    from workbench.measure.harness import measure, random_inputs
+    from workbench.results.store import Store, make_record
+    from workbench.roofline.prediction import predict
 
     arg_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in args)
-    from workbench.hardware import HardwareSpec
+    from workbench.hardware.spec import HardwareSpec
 
     local = target is None or target == "host" or isinstance(target, HardwareSpec)
     if local and run and not isinstance(target, HardwareSpec):

@@ -30,8 +30,8 @@ def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, 
               kind: str = "roofline-op", progress: bool = True, also_predict=()) -> list[dict]:
     """Run ops through the spine; return summary rows (one record each in the store)."""
     from workbench.commands._common import progress as bar
-    from workbench.experiment import run_program, summary
-    from workbench.ops import build
+    from workbench.programs.experiment import run_program, summary
+    from workbench.programs.ops import build
 
     rows = []
     items = bar(suite, total=len(suite), desc="ops") if progress else suite
@@ -50,8 +50,8 @@ def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, 
 
 def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
     from workbench.commands._common import print_table
-    from workbench.hardware import get_spec
-    from workbench.report import markdown_table, roofline_chart
+    from workbench.hardware.spec import get_spec
+    from workbench.results.figures import markdown_table, roofline_chart
 
     spec = get_spec("host")
     rows = run_suite(TINY_SUITE if tiny else SUITE, repeats=5 if tiny else 10)

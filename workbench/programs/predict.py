@@ -105,8 +105,8 @@ def default_batch(n_chips: int) -> int:
 
 
 def target_spec(target: topo.Target):
-    """The catalogue HardwareSpec of the target's chip (workbench.hardware), matched by name or alias."""
-    from workbench import hardware
+    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias."""
+    from workbench.hardware import spec as hardware
 
     last = None
     for name in target.spec_names:
@@ -161,7 +161,7 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
 
     policy = get_policy(spec.policy)
     if spec.mode == "train":
-        from workbench import train
+        from workbench.programs import train
 
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True)
@@ -316,7 +316,7 @@ def compile_lowered(lw: Lowered):
         c = lw.lowered.compile()
         return c, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001
-        from workbench.compile import is_resource_exhausted
+        from workbench.cost.compile import is_resource_exhausted
 
         if is_resource_exhausted(e):
             words = " ".join(str(e).strip().split())
@@ -378,8 +378,8 @@ def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
 
 def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, error: str | None = None) -> dict:
     """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
-    from workbench import roofline
-    from workbench.costs import costs_from_compiled
+    from workbench.roofline import prediction as roofline
+    from workbench.cost.report import costs_from_compiled
 
     target, spec = lw.target, lw.spec
     hw = target_spec(target)
@@ -429,7 +429,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         cost = dataclasses.replace(cost, flops=cost.hlo_flops, bytes_accessed=cost.hlo_bytes,
                                    transcendentals=cost.hlo_transcendentals, notes=cost.notes + (
                                        "no compiler cost_analysis: flops and bytes summed from the optimized HLO's "
-                                       "kernels (workbench.hlo)",))
+                                       "kernels (workbench.cost.hlo)",))
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
     pred = roofline.predict(cost, hw, dtype=compute_dtype, simulated_mesh=False, torus_axes=k)
     mem = cost.peak_memory_bytes
@@ -484,7 +484,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "comm_s": f"Σ collective_time over {sum(c.count for c in cost.collectives)} collectives on "
                   f"{hw.interconnect.kind} (link {hw.interconnect.link_bw:.3g} B/s × {hw.interconnect.links}"
                   f"{', torus axes ' + str(k) if target.kind == 'tpu' else ''}); partitioning/collectives.py",
-        "roofline_s": "workbench.roofline.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
+        "roofline_s": "workbench.roofline.prediction.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
         "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} chips × {peak_bf16:.4g} bf16 FLOP/s)",
         "predicted_step_s": "max(roofline_s, analytic_floor_s)",
         "predicted_mfu": "analytic_floor_s / predicted_step_s",
@@ -524,7 +524,7 @@ def explain_bottleneck(pred, step: float, floor_s: float) -> str:
 
 def _policy_dtype(policy: str) -> str:
     from models.precision import get_policy
-    from workbench.hardware import dtype_name
+    from workbench.hardware.spec import dtype_name
 
     return dtype_name(get_policy(policy).compute_dtype)
 
@@ -591,7 +591,7 @@ def public(body: dict) -> dict:
 
 def record(body: dict, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
     """Append the prediction to the results store (spec + CostReport + Prediction + the fit/floor/MFU fields)."""
-    from workbench.results import Store, make_record
+    from workbench.results.store import Store, make_record
 
     s = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
     rec = make_record(kind, s, cost=body.get("_cost"), prediction=body.get("_prediction"), measurement=None,

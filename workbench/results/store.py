@@ -18,7 +18,7 @@ import subprocess
 import uuid
 from typing import Any
 
-from workbench import hostmem
+from workbench.hardware import hostmem
 from workbench.errors import WorkbenchError
 
 SCHEMA = 1

@@ -1,6 +1,6 @@
 """Host calibration: what XLA achieves on this machine, beside what its cores could do on paper.
 
-Measured (through the one harness, workbench.measure; median and IQR over repeats):
+Measured (through the one harness, workbench.measure.harness; median and IQR over repeats):
 - matmul FLOP/s for float32 and bfloat16 through XLA (square n³, random inputs);
 - streaming memory bandwidth: y = a·x + b over buffers far larger than the last-level cache, counting bytes read +
   written;
@@ -141,7 +141,7 @@ def physical_peaks(feat: dict, measured_f32: float | None = None) -> dict[str, A
 def fingerprint(feat: dict) -> str:
     import jax
 
-    from workbench.hostmem import describe
+    from workbench.hardware.hostmem import describe
 
     key = json.dumps({"model": feat["model"], "flags": feat["flags"], "cores": feat["cores"],
                       "mem": feat["mem_bytes"], "jax": jax.__version__, "v": CALIBRATION_VERSION,
@@ -163,7 +163,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from workbench.measure import measure, measure_steps, random_inputs
+    from workbench.measure.harness import measure, measure_steps, random_inputs
 
     feat = cpu_features()
     reps = 5 if quick else 9
@@ -298,7 +298,7 @@ def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool =
 
 
 def spec_from_calibration(cal: dict):
-    from workbench.hardware import HardwareSpec, Interconnect, Source
+    from workbench.hardware.spec import HardwareSpec, Interconnect, Source
 
     date = cal.get("time", "")[:10]
     src_m = Source("measured by `workbench calibrate` (XLA on this host, median of repeats)", date)
