@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import get_policy
+from models.quant import E4M3, amax, compute_scale, quantize
+from workbench.measure.harness import measure
+from workbench.results import store as results
 
 
 def _fp8_gemm_in(hlo: str) -> bool:
@@ -34,10 +35,6 @@ def run(out_dir: str | None = None, spec=None, tiny: bool = False, repeats: int 
     import jax.numpy as jnp
     import numpy as np
 
-    from models.precision import get_policy
-    from models.quant import E4M3, amax, compute_scale, quantize
-    from workbench.results import store as results
-    from workbench.measure.harness import measure
 
     n = 256 if tiny else 8192
     repeats = repeats or (3 if tiny else 20)
@@ -122,6 +119,6 @@ if __name__ == "__main__":
     tiny = "--tiny" in sys.argv
     if tiny:
         default_platform()
-    from workbench.hardware.spec import get_spec
+    from workbench.measure.calibrate import get_spec
 
     print(json.dumps(run(spec=get_spec("h200"), tiny=tiny), indent=1, default=str))

@@ -26,10 +26,15 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import request_devices
+from workbench.programs.train import train_model
+from workbench.results.figures import mfu_chart
+from workbench.results.store import Store, make_record
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {1: [("dp", "data=1")],
          8: [("dp", "data=8"), ("fsdp", "data=8"), ("tp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4"),
              ("tp", "model=8")]}
@@ -42,14 +47,8 @@ def steps_for(batch: int, steps: int) -> int:
 
 def worker(devices: int, preset: str, steps: int, batches: list[int], precision: str | None, cases=None,
            overrides: str | None = None) -> list[dict]:
-    from workbench.hardware.devices import request_devices
-    from workbench.errors import WorkbenchError
 
     request_devices(devices)
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.results.store import Store, make_record
-    from workbench.programs.train import train_model
 
     store = Store()
     rows = []
@@ -59,7 +58,7 @@ def worker(devices: int, preset: str, steps: int, batches: list[int], precision:
         try:
             r = train_model(get_config(preset, overrides), strategy=strategy, mesh=make_mesh(mesh_spec), steps=n_steps,
                             batch_size=batch, precision=precision, progress=True, eval_every=n_steps, eval_batches=1,
-                            profile_steps=2)
+                            profile_steps=2).to_record()
         except WorkbenchError as e:  # e.g. tiny's 4 heads on a model=8 axis
             print(f"skipped {strategy} on {mesh_spec}: {e}", file=sys.stderr)
             continue
@@ -132,7 +131,6 @@ def main(argv=None):
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=2)
     if rows:
-        from workbench.results.figures import mfu_chart
 
         png = mfu_chart(rows, os.path.splitext(a.out)[0] + ".png", targets={1: 0.80, 8: 0.65},
                         title=f"{a.preset}: MFU on this host (dashed: the issue's targets)")

@@ -30,6 +30,15 @@ import os
 import sys
 import time
 
+from models.analytics import analytics
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.hardware.devices import request_devices
+from workbench.programs.moe import layer_costs
+from workbench.programs.predict import PredictSpec, predict_once
+from workbench.programs.train import train_model
+from workbench.results.store import Store, make_record
+
 EXPERT_DFF = 128  # hidden size of each expert; the dense baseline uses top_k × this
 BASE = dict(router="token-choice", score="softmax", experts=8, top_k=2, capacity_factor=1.25, ep=8)
 MESHES = {1: "data=8", 2: "data=4,expert=2", 4: "data=2,expert=4", 8: "expert=8"}
@@ -106,9 +115,6 @@ def quick_cases() -> list[Case]:
 
 # ------------------------------------------------------------------------------------------------- one case
 def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, layer: bool, seed: int) -> dict:
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.programs.train import train_model
 
     cfg = get_config("tiny", case.overrides())
     mesh = make_mesh(case.mesh)
@@ -117,10 +123,9 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
     if case.dense:  # no routing: blank the MoE fields rather than show the defaults
         row.update(router="dense", score=None, experts=0, capacity_factor=None, ep=None, d_ff=case.top_k * EXPERT_DFF)
     tr = train_model(cfg, strategy=case.strategy, mesh=mesh, steps=steps, batch_size=batch, seq_len=seq, seed=seed,
-                     progress=False, hardware="auto", analytic=False)
+                     progress=False, hardware="auto", analytic=False).to_record()
     fm = tr["final_metrics"]
     a2a = tr["collectives_by_kind"].get("all-to-all", {})
-    from models.analytics import analytics
 
     an = analytics(cfg, seq)
     row.update(
@@ -135,7 +140,6 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
     )
     row["_train"] = tr
     if predict:
-        from workbench.programs.predict import PredictSpec, predict_once
 
         for key, target in TARGETS.items():
             spec = PredictSpec(preset="tiny", target=target, strategy=case.strategy, mesh=case.mesh, batch=batch,
@@ -153,7 +157,6 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
                                                     if k.startswith("all-to-all"))
             row[f"{key}_flops_per_device"] = b.get("flops_per_device")
     if layer and not case.dense:
-        from workbench.commands.moe import layer_costs
 
         lc, _ = layer_costs(tokens=batch * seq, seq=seq, d_model=cfg.d_model, d_ff=EXPERT_DFF, experts=case.experts,
                             top_k=case.top_k, capacity_factor=case.capacity_factor, router=case.router,
@@ -263,7 +266,6 @@ def write_figure(rows: list[dict], out: str) -> str:
 
 
 def _store():
-    from workbench.results.store import Store
 
     return Store()
 
@@ -291,7 +293,6 @@ def main(argv=None) -> int:
     ap.add_argument("--replot", action="store_true", help="table and figure from stored records only")
     a = ap.parse_args(argv)
 
-    from workbench.hardware.devices import request_devices
 
     request_devices(8)
     os.makedirs(a.out, exist_ok=True)
@@ -304,7 +305,6 @@ def main(argv=None) -> int:
         if a.only:
             keep = set(a.only.split(","))
             cases = [c for c in cases if c.name in keep]
-        from workbench.results.store import make_record
 
         rows = []
         for i, c in enumerate(cases):

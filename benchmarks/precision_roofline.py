@@ -25,9 +25,22 @@ import dataclasses
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import PrecisionPolicy, available, get_policy
+from models.presets import get_config
+from models.quant import POLICY_ORDER, Fp8Policy, MxPolicy, get_format, matmul_format
+from models.transformer import Transformer
+from partitioning.mesh import make_mesh
+from workbench.cost.compile import compile_program
+from workbench.cost.hlo import KernelCost
+from workbench.cost.report import CostReport
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import measure_steps
+from workbench.programs.data import Batches, shard_batch
+from workbench.programs.train import abstract_with, build_train_step
+from workbench.results import store as results
+from workbench.roofline.prediction import predict
 
 TARGETS = ["h100-sxm", "h200", "b200", "tpu-v5e", "tpu-v6e"]
 BATCH = {"tiny": (8, None), "small": (8, None), "gpt2-small": (8, 1024), "llama3-8b": (1, 4096)}  # (batch, seq)
@@ -51,8 +64,6 @@ def gemm_inventory(cfg, batch: int, seq: int) -> list[Gemm]:
     import numpy as np
     from flax import nnx
 
-    from models.precision import PrecisionPolicy
-    from models.transformer import Transformer
 
     seen: list[Gemm] = []
 
@@ -82,7 +93,6 @@ def policy_widths(policy) -> dict:
     operands, and outputs; plus the dtype whose peak prices the GEMMs."""
     import numpy as np
 
-    from models.quant import Fp8Policy, MxPolicy, get_format, matmul_format
 
     f = matmul_format(policy)
     out_b = np.dtype(policy.compute_dtype).itemsize
@@ -104,8 +114,6 @@ def gemm_cost(gemms: list[Gemm], policy, peak_dtype: str):
     whole step on one chip."""
     import numpy as np
 
-    from workbench.cost.report import CostReport
-    from workbench.cost.hlo import KernelCost
 
     w = policy_widths(policy)
     kernels = []
@@ -143,13 +151,6 @@ def target_dtype(spec, policy_peak_dtype: str) -> tuple[str, str | None]:
 # ------------------------------------------------------------------------------------------------ the study
 def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host_presets=("tiny", "small"),
         policies=None, host_steps: int = 10, out_dir: str = "reports/precision", record: bool = True) -> list[dict]:
-    from models.precision import available, get_policy
-    from models.presets import get_config
-    from models.quant import POLICY_ORDER, matmul_format
-    from workbench.results import store as results
-    from workbench.errors import WorkbenchError
-    from workbench.hardware.spec import get_spec
-    from workbench.roofline.prediction import predict
 
     targets = targets or TARGETS
     policies = policies or [p for p in POLICY_ORDER if p in available()]
@@ -204,19 +205,12 @@ def host_part(cfg, preset, policies, host, batch, steps, store) -> list[dict]:
     """Compile, predict (calibrated host) and measure the real training step of `cfg` per policy on one CPU device."""
     import jax
 
-    from partitioning.mesh import make_mesh
-    from workbench.results import store as results
-    from workbench.cost.compile import compile_program
-    from workbench.programs.data import Batches, shard_batch
-    from workbench.measure.harness import measure_steps
-    from workbench.roofline.prediction import predict
-    from workbench.programs.train import _abstract_with, build_train_step
 
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     out = []
     for pname in policies:
         prog = build_train_step(cfg, policy=pname, mesh=mesh, strategy="dp", batch_size=batch, total_steps=steps + 2)
-        abs_state = _abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
+        abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
         abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding)
                      for k, v in prog.batch.items()}
         comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=1, analytic=False,
@@ -305,7 +299,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, two policies, 2 host steps")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
-    from workbench.hardware.devices import default_platform
 
     default_platform()
     if a.tiny:

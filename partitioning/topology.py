@@ -25,6 +25,7 @@ import os
 import re
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +275,6 @@ def tpu_devices(target_name: str) -> tuple:
     if target.kind != "tpu":
         raise WorkbenchError(f"{target.name} is not a TPU target")
     require_libtpu()
-    from workbench.hardware.devices import default_platform
 
     default_platform()  # CPU for everything else; libtpu is loaded only as a compiler plugin
     _quiet_libtpu_env(target)
@@ -325,7 +325,6 @@ def gpu_compiler_for(target: Target, choice: str = "auto") -> str:
 def xla_gpu_devices(target_name: str) -> tuple:
     """Compile-only devices of XLA:GPU for a GPU node (no GPU needed; JAX CUDA plugin required)."""
     target = parse_target(target_name)
-    from workbench.hardware.devices import default_platform
 
     default_platform()
     from jax.experimental import topologies
@@ -356,7 +355,6 @@ def target_devices(target: Target, gpu_compiler: str = "auto") -> list:
         return list(xla_gpu_devices(target.name))
     import jax
 
-    from workbench.hardware.devices import request_devices
 
     have = request_devices(target.n_chips)
     devs = jax.devices()

@@ -2,8 +2,8 @@
 import pytest
 
 from partitioning import topology as topo
-from workbench.programs import plan as wplan
 from workbench.errors import WorkbenchError
+from workbench.programs import plan as wplan
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
 

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from workbench.commands.precision import matmul_error
 from workbench.errors import WorkbenchError
+from workbench.programs.precision import matmul_error
 
 
 def test_error_ordering_on_normal_inputs():
@@ -82,7 +82,7 @@ def test_policy_trains_tiny_50_steps(policy):
 def test_gpu_precision_section_tiny_on_cpu(results_dir):
     """The GPU device-check section runs in its tiny mode here; on a CPU it must say the fp8 dots are emulated."""
     from benchmarks import gpu_precision
-    from workbench.hardware.spec import get_spec
+    from workbench.measure.calibrate import get_spec
     from workbench.results.store import Store
 
     out = gpu_precision.run(spec=get_spec("h200"), tiny=True, repeats=2)

@@ -9,10 +9,10 @@ import pytest
 from models.analytics import analytics, collective_bytes_per_step
 from models.presets import get_config
 from partitioning.mesh import make_mesh
-from workbench.programs.data import Batches, load_corpus
 from workbench.errors import WorkbenchError
-from workbench.testing import assert_close, tol
+from workbench.programs.data import Batches, load_corpus
 from workbench.programs.train import build_train_step, train_model
+from workbench.testing import assert_close, tol
 
 GQA_TP = "pos=rope,norm=rmsnorm,mlp=swiglu,n_heads=8,n_kv_heads=4,head_dim=8,bias=false,tie_embeddings=false"
 B, T = 8, 32
@@ -121,7 +121,7 @@ def test_hlo_collective_bytes_match_the_strategy_formula(strategy, spec):
 @pytest.mark.compile_heavy
 def test_tiny_learns_the_corpus_below_the_unigram_baseline():
     r = train_model(get_config("tiny"), strategy="dp", mesh=_one_device(), steps=200, batch_size=16,
-                    eval_every=100, progress=False, hardware=None, analytic=False)
+                    eval_every=100, progress=False, hardware=None, analytic=False).to_record()
     base = r["unigram_baseline_val"]
     first_val, last_val = r["val_losses"][0][1], r["val_loss"]
     print(f"tiny 200 steps: val loss {first_val:.3f} -> {last_val:.3f} nats/byte; unigram baseline {base:.3f}")

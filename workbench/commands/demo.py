@@ -5,6 +5,8 @@ from typing import Optional
 
 import typer
 
+from workbench.hardware.devices import request_devices
+
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
@@ -13,7 +15,6 @@ def register(app: typer.Typer) -> None:
         """Built-in ops at a few sizes on this CPU, measured and predicted; a table and a report folder with a
         roofline chart."""
         from workbench.programs.demo import run_demo
-        from workbench.hardware.devices import request_devices
 
         request_devices(None)
         run_demo(out, tiny=tiny)

@@ -81,6 +81,26 @@ class CostReport:
         return any(k.count > 1 for k in self.kernels)
 
     @property
+    def uses_hlo_counts(self) -> bool:
+        """Whether the HLO kernel sums (trip-count scaled) replace the compiler's program-level counts: XLA's
+        cost_analysis counts a loop body once, so a program with loops whose kernels add up to more than 1.5x the
+        compiler's flops is counted from its kernels. The one place this rule lives."""
+        return self.has_loops and self.hlo_flops > 1.5 * self.flops
+
+    @property
+    def counted_flops(self) -> float:
+        """Per-device flops of one execution: the HLO kernel sums when `uses_hlo_counts`, else cost_analysis."""
+        return self.hlo_flops if self.uses_hlo_counts else self.flops
+
+    @property
+    def counted_bytes(self) -> float:
+        return self.hlo_bytes if self.uses_hlo_counts else self.bytes_accessed
+
+    @property
+    def counted_transcendentals(self) -> float:
+        return max(self.transcendentals, self.hlo_transcendentals) if self.uses_hlo_counts else self.transcendentals
+
+    @property
     def intensity(self) -> float:
         """FLOP per byte accessed (per device)."""
         b = self.bytes_accessed
@@ -236,7 +256,7 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                      large_output_bytes=float(large),
                      analytic=analytic, n_devices=n_devices, compute_dtype=compute_dtype, platform=platform,
                      notes=tuple(notes))
-    if rep.has_loops and rep.hlo_flops > 1.5 * rep.flops:
+    if rep.uses_hlo_counts:
         rep = dataclasses.replace(rep, notes=rep.notes + (
             "program has loops: XLA cost_analysis counts a loop body once; predictions use the HLO kernel sums "
             "(trip-count scaled)",))

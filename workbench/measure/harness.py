@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workbench.cost.hlo import COLLECTIVE_KINDS, HLO_TO_NUMPY, attr, parse_dots, parse_kernels, parse_module
 from workbench.errors import RecompileError
 
 WIDE_SPREAD = 0.25  # IQR / median above this flags the measurement as noisy
@@ -149,7 +150,6 @@ def _trace_events(logdir: str) -> list[dict]:
 def _kernel_class(name: str, dot: bool) -> str:
     if dot:
         return "matmul"
-    from workbench.cost.hlo import COLLECTIVE_KINDS
 
     base = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[-1].isdigit() else name
     if base.startswith(COLLECTIVE_KINDS):
@@ -196,7 +196,6 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     import jax
 
-    from workbench.cost.hlo import _attr, parse_kernels, parse_module
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
@@ -224,7 +223,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     rows = []
     for name, sec in dur.items():
         ins = instrs[name]
-        callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+        callee = (attr(ins.attrs, "calls") or "").lstrip("%")
         body = mod.computations.get(callee, [ins])
         dot = next((i for i in body if i.opcode in ("dot", "convolution")), None)
         meta = re.search(r'op_name="([^"]+)"', (dot or ins).attrs) or next(
@@ -274,7 +273,6 @@ def dot_floor(hlo_text: str, *, steps: int = 5, warmup: int = 5, ceiling_flops: 
     import jax
     import jax.numpy as jnp
 
-    from workbench.cost.hlo import HLO_TO_NUMPY, parse_dots
 
     groups: dict[tuple, list] = collections.OrderedDict()
     for d in parse_dots(hlo_text):

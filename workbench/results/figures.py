@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from workbench.results.console import fmt
+
 
 def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: str = "float32") -> str:
     """Log-log roofline: the spec's ceilings (measured XLA and, for the host, physical), its ridge point, and each
@@ -56,7 +58,6 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    from workbench.commands._common import fmt
 
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
