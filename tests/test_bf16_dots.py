@@ -7,6 +7,10 @@ import numpy as np
 import pytest
 
 from models.precision import einsum_f32, ragged_dot_f32, transposed_equations
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.cost.hlo import parse_dots
+from workbench.programs.train import build_train_step
 from workbench.testing import assert_close
 
 
@@ -81,11 +85,6 @@ def test_ragged_dot_f32_gradients_against_float64():
 
 
 def _train_step_dots(preset, overrides=None, policy="bf16"):
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.hlo import parse_dots
-    from workbench.train import build_train_step
-
     cfg = get_config(preset, overrides)
     prog = build_train_step(cfg, policy=policy, mesh=make_mesh("data=1", jax.devices()[:1]), strategy="dp",
                             batch_size=4, abstract=True)

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import typer
 
+from workbench.hardware.devices import request_devices
+from workbench.measure.calibrate import load_or_calibrate
+from workbench.results.console import emit_json
+
 
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(force: bool = typer.Option(False, "--force", help="re-measure even if cached"),
                       quick: bool = typer.Option(False, "--quick", help="small sizes (seconds; for tests)"),
                       json_out: bool = typer.Option(False, "--json")):
-        """Measure XLA's matmul FLOP/s (float32, bfloat16, float16, fp8; each in its fastest result form), streaming bandwidth and special-function throughput on
-        this host, beside the physical peaks derived from its CPU features. Cached per host fingerprint."""
-        from workbench.calibrate import load_or_calibrate
-        from workbench.commands._common import emit_json
-        from workbench.devices import request_devices
-
+        """Measure XLA's matmul FLOP/s (float32, bfloat16, float16, fp8; each in its fastest result form), streaming
+        bandwidth and special-function throughput on this host, beside the physical peaks derived from its CPU
+        features. Cached per host fingerprint."""
         request_devices(None)
         cal = load_or_calibrate(force=force, quick=quick)
         if json_out:
