@@ -111,3 +111,35 @@ def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = No
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def peer_chart(result: dict, path: str) -> str:
+    """benchmarks.peer: tokens/s of the workbench and PyTorch per precision (bars), the ratio above each pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    precs = list(result["precisions"])
+    fig, ax = plt.subplots(figsize=(max(4.5, 2.2 * len(precs) + 1.5), 4.2), dpi=120)
+    w = 0.38
+    for j, (side, label, color) in enumerate((("workbench", "workbench (JAX/XLA)", "tab:blue"),
+                                             ("torch", f"PyTorch {result.get('torch', '')}", "tab:orange"))):
+        vals = [result["precisions"][p][side]["tokens_per_s"] for p in precs]
+        ax.bar([i + (j - 0.5) * w for i in range(len(precs))], vals, w, label=label, color=color)
+    for i, p in enumerate(precs):
+        v = result["precisions"][p]
+        top = max(v["workbench"]["tokens_per_s"], v["torch"]["tokens_per_s"])
+        ax.text(i, top * 1.03, f"{v['ratio_tokens_per_s']:.2f}×", ha="center", fontsize=9)
+    ax.set_xticks(range(len(precs)), precs)
+    ax.set_ylabel("tokens/s (median step)")
+    note = " — contended: void for reporting" if result.get("contended") else ""
+    ax.set_title(f"{result['preset']}, batch {result['batch']}×{result['seq_len']}, one process each, alternating{note}",
+                 fontsize=8)
+    ax.legend(fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
