@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 
 from models.presets import get_config
