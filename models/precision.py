@@ -135,13 +135,14 @@ def ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype=F32):
 
 class Einsum(nnx.Module):
     """Plain einsum: cast both operands to the compute dtype, accumulate in float32 (forward and backward: einsum_f32),
-    return the compute dtype."""
+    return `out_dtype` (default: the compute dtype; float32 keeps the elementwise work between dots in float32)."""
 
-    def __init__(self, compute_dtype):
+    def __init__(self, compute_dtype, out_dtype=None):
         self.compute_dtype = compute_dtype
+        self.out_dtype = compute_dtype if out_dtype is None else out_dtype
 
     def __call__(self, eq: str, x, w):
-        return einsum_f32(eq, x, w, self.compute_dtype).astype(self.compute_dtype)
+        return einsum_f32(eq, x, w, self.compute_dtype).astype(self.out_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +151,10 @@ class PrecisionPolicy:
     compute_dtype: object = jnp.float32
     param_dtype: object = jnp.float32
     description: str = ""
+    activation_dtype: object = None  # what the einsums return; None: compute_dtype
 
     def einsum_module(self, rngs: nnx.Rngs | None = None) -> nnx.Module:
-        return Einsum(self.compute_dtype)
+        return Einsum(self.compute_dtype, self.activation_dtype)
 
     @property
     def loss_scaling(self):
@@ -165,6 +167,13 @@ _REGISTRY: dict[str, Callable[..., PrecisionPolicy]] = {
     "bf16": lambda **kw: PrecisionPolicy(
         "bf16", jnp.bfloat16,
         description="float32 master parameters, bfloat16 compute, float32 accumulation/softmax/norms/optimizer"),
+    # bf16 dot operands only: every dot returns its float32 accumulator and the elementwise work between dots (biases,
+    # GELU, the attention scale and transposes) stays in float32, so a CPU without bf16 vector arithmetic converts
+    # only the dot operands (docs/models.md, bf16 on CPU hosts)
+    "bf16-f32act": lambda **kw: PrecisionPolicy(
+        "bf16-f32act", jnp.bfloat16, activation_dtype=jnp.float32,
+        description="as bf16, but the dots return float32: elementwise work between dots in float32, bf16 only as "
+                    "dot operands"),
 }
 _EXTENSIONS = ["models.quant"]  # modules that add policies to _REGISTRY when imported
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.precision import einsum_f32, ragged_dot_f32, transposed_equations
+from models.precision import einsum_f32, get_policy, ragged_dot_f32, transposed_equations
 from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.cost.hlo import parse_dots
@@ -93,12 +93,13 @@ def _train_step_dots(preset, overrides=None, policy="bf16"):
 
 
 @pytest.mark.compile_heavy
-def test_bf16_training_step_has_no_bf16_result_dot():
+@pytest.mark.parametrize("policy", ["bf16", "bf16-f32act"])
+def test_bf16_training_step_has_no_bf16_result_dot(policy):
     """The compiled bf16 training step of a `small`-shaped model (scanned layers, remat=dots, tied head): every dot,
     forward and backward (attention products, head, weight gradients), multiplies bf16 operands into a float32
     result. Before the custom VJP the 2/3 of dots JAX derives for the backward were float32 x float32 (jax 0.10:
     the bf16 operand promoted to the float32 cotangent) or bf16-result dots (later versions)."""
-    dots = _train_step_dots("tiny", "scan_layers=true,remat=dots")
+    dots = _train_step_dots("tiny", "scan_layers=true,remat=dots", policy)
     forms = collections.Counter((d.lhs.dtype, d.rhs.dtype, d.out.dtype) for d in dots)
     assert not [d for d in dots if d.out.dtype == "bf16"], forms
     assert set(forms) == {("bf16", "bf16", "f32")}, forms
@@ -116,3 +117,10 @@ def test_bf16_moe_training_step_has_no_bf16_result_dot(overrides):
     forms = collections.Counter((d.lhs.dtype, d.rhs.dtype, d.out.dtype) for d in dots)
     assert not [d for d in dots if d.out.dtype == "bf16"], forms
     assert forms[("bf16", "bf16", "f32")] > forms[("f32", "f32", "f32")], forms
+
+
+def test_f32act_policy_returns_float32_between_dots():
+    """bf16-f32act: bf16 dot operands, float32 results; bf16: the compute dtype back."""
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 2))
+    assert get_policy("bf16-f32act").einsum_module()("md,dn->mn", x, w).dtype == jnp.float32
+    assert get_policy("bf16").einsum_module()("md,dn->mn", x, w).dtype == jnp.bfloat16
