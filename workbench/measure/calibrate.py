@@ -29,7 +29,7 @@ from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
 from workbench.hardware.spec import get_spec as catalogue_spec
-from workbench.measure.harness import measure, measure_steps, random_inputs
+from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
 CALIBRATION_VERSION = 8
 
@@ -202,18 +202,26 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
         x, y = random_inputs((a, a), seed=1)
         x, y = jax.device_put(x, dev), jax.device_put(y, dev)
         forms: dict[str, dict] = {}
+        compiled = {}
         for rt in results:
-            _say(f"calibrate: {dt} matmul {n}³ through XLA, {rt} result", quiet)
             f = jax.jit(lambda p, q, rt=jnp.dtype(rt): jax.lax.dot(p, q, preferred_element_type=rt))
             try:
-                c = f.lower(x, y).compile()
-                m = measure(c, x, y, warmup=2, repeats=reps)
+                compiled[rt] = f.lower(x, y).compile()
             except Exception as e:  # noqa: BLE001 - an unsupported form is a finding, not a failed calibration
                 forms[rt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-                continue
+        # the forms alternate in rounds, so a drift in the machine's load reaches every form alike
+        rounds = 3 if len(compiled) > 1 else 1
+        times: dict[str, list[float]] = {rt: [] for rt in compiled}
+        for r in range(rounds):
+            for rt, c in compiled.items():
+                _say(f"calibrate: {dt} matmul {n}³ through XLA, {rt} result"
+                     + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""), quiet)
+                times[rt] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
+        for rt, ts in times.items():
+            m = summarize(ts, warmup=2, calls=1, compile_s=None)
             forms[rt] = {"n": n, "result_dtype": rt, "flops_per_s": fl / m.median_s,
                          "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2, "flops_per_s_best": fl / m.min_s,
-                         "spread": m.spread, "wide_spread": m.wide_spread}
+                         "spread": m.spread, "wide_spread": m.wide_spread, "rounds": rounds}
         ok = {rt: v for rt, v in forms.items() if "flops_per_s" in v}
         for rt, v in forms.items():
             if "error" in v:
