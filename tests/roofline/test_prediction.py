@@ -84,26 +84,6 @@ def test_fp8_falls_back_where_chip_lacks_units():
     assert h100.peak_dtype("float8_e4m3fn") == "float8_e4m3fn"
 
 
-def test_catalogue_sources_everywhere():
-    from workbench.hardware.spec import catalogue
-
-    cat = catalogue()
-    assert len(cat) >= 9
-    for spec in cat.values():
-        assert "bfloat16" in spec.peak_flops and spec.hbm_bw > 0 and spec.hbm_bytes > 0
-        for key in ("hbm_bw", "hbm_bytes", "peak_flops.bfloat16", "interconnect.link_bw"):
-            src = spec.sources[key]
-            assert src.source and src.date, f"{spec.name}.{key} has no source/date"
-
-
-def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
-    spec = dataclasses.replace(CHIP, matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)))
-    assert spec.matmul_rate(64, "float32") == pytest.approx(1e12 * 10e12 / 5e12)
-    mid = spec.matmul_rate(362, "float32")  # ~halfway between 128 and 1024 in log space
-    assert 2e12 * 2 < mid < 3e12 * 2
-    assert spec.matmul_rate(8192, "bfloat16") == pytest.approx(100e12)  # the top of the curve is the dtype's peak
-
-
 def test_small_matmul_kernels_priced_on_the_curve():
     from workbench.roofline.prediction import predict
 

@@ -1,7 +1,7 @@
 """Meshes, rule tables, applying them to NNX state; golden sharding snapshots per preset x strategy.
 
 Regenerate the snapshots after an intended change with:
-    WORKBENCH_REGEN_GOLDEN=1 .venv/bin/pytest tests/test_partitioning.py -k golden
+    WORKBENCH_REGEN_GOLDEN=1 .venv/bin/pytest tests/partitioning/test_shard.py -k golden
 """
 import json
 import os
@@ -20,7 +20,7 @@ from partitioning.rules import get_rules, rules_from_pairs, strategies
 from partitioning.shard import activation_sharding, constrain, sharding_table, spec_for, state_shardings
 from workbench.errors import WorkbenchError
 
-GOLDEN = Path(__file__).parent / "golden" / "sharding"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sharding"
 # the mesh each strategy is snapshotted on (8 simulated devices)
 STRATEGY_MESH = {"dp": "data=8", "fsdp": "data=8", "tp": "data=2,model=4", "fsdp+tp": "data=2,model=4",
                  "sp": "data=2,seq=4", "ep": "data=2,expert=4"}
