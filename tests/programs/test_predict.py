@@ -10,12 +10,12 @@ from jax.sharding import PartitionSpec as P
 
 from models.analytics import analytics
 from partitioning import topology as topo
-from partitioning.collectives import collective_time
 from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
-from workbench.hardware.spec import get_spec
 from workbench.programs import predict as wp
 from workbench.results.store import Store
+
+from .roofline_by_hand import check_terms, hand_model_flops
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
 
@@ -67,7 +67,6 @@ def test_precheck_skips_the_compile_when_the_state_alone_overflows(results_dir):
         pytest.skip("libtpu not installed")
     r = wp.predict(spec)
     assert r["fits"] is False and r["compiled"] is False and r["compile_s"] is None
-    from models.analytics import analytics
 
     n = analytics(wp.prepare(spec)[1])["params_total"]
     # float32 params + AdamW m and v (12 B/param), replicated: the shard-shape sum is that, plus a few scalars
@@ -94,66 +93,13 @@ def test_resource_exhausted_compile_is_an_answer():
     assert body["fits"] is False and body["overshoot_bytes"] > 0 and "ran out of memory" in body["reason"]
 
 
-# Published headline figures of the target chips (dense bf16 FLOP/s, HBM bytes/s), typed in from the vendors' pages:
-# https://cloud.google.com/tpu/docs/v5e ("197 TFLOPs", "819 GBps"), https://cloud.google.com/tpu/docs/v4
-# ("275 teraflops", "1200 GBps"), https://www.nvidia.com/en-us/data-center/h100/ ("1,979 teraFLOPS" with sparsity,
-# "3.35TB/s"). The prediction's terms are recomputed from the record's own counts with these, by hand.
-PUBLISHED = {"tpu-v5e": (197e12, 819e9), "tpu-v4": (275e12, 1200e9), "h100-sxm": (1979e12 / 2, 3.35e12)}
-
-
-def _hand_model_flops(preset, mode, batch, seq):
-    """Model FLOPs of one step, from the analytic counts (themselves checked against 6N + 12·L·d·s by hand in
-    tests/models/test_transformer.py): train 3 × forward per token; prefill skips the output head on all but the
-    last position; decode is one token per sequence."""
-    from models.presets import get_config
-
-    cfg = get_config(preset)
-    a = analytics(cfg, seq)
-    if mode == "train":
-        return a["train_flops_per_token"] * batch * seq
-    if mode == "prefill":
-        return a["forward_flops_per_token"] * batch * seq - 2 * cfg.vocab_size * cfg.d_model * batch * (seq - 1)
-    return a["forward_flops_per_token"] * batch
-
-
-def _check_terms(r):
-    """Every term of the prediction against hand arithmetic from the record's own flops, bytes and collectives and
-    the published peaks (not against the code's max(pred, floor), which cannot fail)."""
-    bf16, hbm_bw = PUBLISHED[r["chip"]]
-    hw = get_spec(r["chip"])
-    assert r["compute_dtype"] == "bfloat16"  # the bf16 policy: priced at the published bf16 peak
-    floor = _hand_model_flops(r["preset"], r["mode"], r["batch"], r["seq"]) / (r["n_chips"] * bf16)
-    assert r["analytic_floor_s"] == pytest.approx(floor, rel=1e-9)
-    trans_s = r["transcendentals_per_device"] / hw.transcendentals_per_s if hw.transcendentals_per_s else 0.0
-    assert r["compute_s"] == pytest.approx(r["flops_per_device"] / bf16 + trans_s, rel=1e-9)
-    assert r["memory_s"] == pytest.approx(r["bytes_per_device"] / hbm_bw, rel=1e-9)
-    # communication: each collective the stored record lists (kind, payload, group size, runs) priced by the formula
-    # tests/roofline/test_prediction.py checks by hand; their payloads add up to the per-kind totals of the answer
-    colls = Store().records("predict")[-1]["costs"]["collectives"]
-    by_kind = {}
-    for c in colls:
-        by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["payload_bytes"] * c["count"]
-    assert by_kind == pytest.approx({k: v["bytes"] for k, v in r["collectives_by_kind"].items()})
-    comm = sum(c["count"] * collective_time(c["kind"], c["payload_bytes"], c["group_size"], hw.interconnect,
-                                            torus_axes=r["torus_axes"] or 1) for c in colls)
-    assert r["comm_s"] == pytest.approx(comm, rel=1e-9)
-    # the headline: the kernels' roofline overlapped with communication, never below the analytic floor
-    step = max(r["kernel_s"], comm, floor)
-    assert r["predicted_step_s"] == pytest.approx(step, rel=1e-9)
-    assert r["predicted_mfu"] == pytest.approx(floor / step, rel=1e-9)
-    assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / step, rel=1e-9)
-    # kernel by kernel the program cannot beat its own compute at the peak: the HLO kernels' flops account for the
-    # compiler's count within 10 % (otherwise the program-level max(compute_s, memory_s) is used)
-    assert r["kernel_s"] >= 0.9 * r["flops_per_device"] / bf16
-
-
 def _check_prediction(r):
     assert r["fits"] is True and r["compiled"] is True
     assert r["memory_per_device_bytes"] >= r["input_bytes_per_device"] - r["memory_breakdown"]["alias_bytes"]
-    _check_terms(r)
+    check_terms(r, Store().records("predict")[-1]["costs"]["collectives"])
     # the compiled per-device flops, summed over chips, cover the model's FLOPs (allowing the convention's full
     # attention term the causal program may skip) and do not repeat them many times over
-    hand = _hand_model_flops(r["preset"], r["mode"], r["batch"], r["seq"])
+    hand = hand_model_flops(r["preset"], r["mode"], r["batch"], r["seq"])
     assert r["replication"] == pytest.approx(r["flops_per_device"] * r["n_chips"] / hand, rel=1e-9)
     assert 0.8 <= r["replication"] <= 2.0, r["replication"]
     assert r["collectives"] and all(v["bytes"] > 0 for v in r["collectives"].values())
@@ -192,7 +138,7 @@ def test_inference_steps_compile_with_a_sharded_kv_cache(mode, results_dir):
     cfg = get_config("tiny")
     r = wp.predict(wp.PredictSpec("tiny", "tpu-v5e:2x2", "tp", mode=mode, batch=8))
     assert r["fits"] and r["mode"] == mode
-    _check_terms(r)
+    check_terms(r, Store().records("predict")[-1]["costs"]["collectives"])
     assert any(k.startswith("all-reduce@model") for k in r["collectives"])  # Megatron row-parallel sums
     # arguments: bf16 weights sharded over model=4 (embedding table by vocab) plus the bf16 KV cache
     # (batch 8, seq 64, kv_heads over model=4); the cache is donated, so it is aliased to the output
