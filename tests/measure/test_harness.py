@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from workbench.errors import RecompileError
+from workbench.measure.calibrate import cpu_features
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
 
@@ -39,6 +40,16 @@ def test_random_inputs_never_zero():
     assert x.dtype == jnp.bfloat16 and float(jnp.abs(x).sum()) > 0 and float(x.std()) > 0.5
 
 
+def _host_float32_ceiling() -> float:
+    """An upper bound no float32 matmul here can beat: every core this process may use × float32 lanes of its widest
+    vector unit (from the CPU flags) × 2 FMA pipes (the most any x86 core has) × 2 FLOP per FMA × 6 GHz (above
+    any shipping server clock, boost included)."""
+    feat = cpu_features()
+    flags = set(feat["flags"])
+    lanes = 16 if "avx512f" in flags else 8 if "avx" in flags or "avx2" in flags else 4
+    return feat["cores"] * lanes * 2 * 2 * 6e9
+
+
 def test_profile_kernels_joins_trace_times_with_hlo_costs():
     """A traced matmul + elementwise program: the dot is found, classed as a matmul, its flops are 2mnk per call,
     every kernel has a positive time, and the classes add up to the kernel total."""
@@ -57,7 +68,10 @@ def test_profile_kernels_joins_trace_times_with_hlo_costs():
     assert dots[0]["dot"].startswith(f"f32[{m},{n}]")
     assert all(r["ms"] > 0 for r in prof["kernels"])
     np.testing.assert_allclose(sum(c["ms"] for c in prof["classes"].values()), prof["kernel_ms"], rtol=1e-9)
-    assert prof["matmul_rate"] and prof["matmul_rate"] > 0
+    # the matmul rate is the dots' flops over their traced time, and no faster than this host can physically go
+    dot_s = sum(r["ms"] for r in dots) / 1e3
+    assert prof["matmul_rate"] == pytest.approx(sum(r["gflop"] for r in dots) * 1e9 / dot_s, rel=1e-9)
+    assert prof["matmul_rate"] <= _host_float32_ceiling()
 
 
 def test_dot_floor_times_each_distinct_dot_once_and_counts_its_runs():
@@ -78,6 +92,7 @@ def test_dot_floor_times_each_distinct_dot_once_and_counts_its_runs():
     np.testing.assert_allclose(fl["gflop"], (2 * 2 * m * k * n + 2 * n * k * 64) / 1e9, rtol=1e-9)
     assert all(r["timed_by"] == "trace" and r["ms_each"] > 0 for r in rows.values())
     np.testing.assert_allclose(fl["dot_s"] * 1e3, sum(r["ms_total"] for r in rows.values()), rtol=1e-9)
-    assert 0 < fl["rate"] < 1e14
+    assert fl["rate"] == pytest.approx(fl["gflop"] * 1e9 / fl["dot_s"], rel=1e-9)
+    assert fl["rate"] <= _host_float32_ceiling()
 
 
