@@ -85,7 +85,7 @@ def test_elementwise_is_memory_bound(env):
     (["roofline", "matmul", "--dtype", "int3"], "unsupported dtype"),
     (["roofline", "matmul", "--target", "tpu-v9"], "unknown chip"),
     (["roofline", "softmax", "--m", "4"], "softmax takes sizes"),
-    (["roofline", "elementwise", "--n", "4000000000000"], "GiB but this host has"),  # hostmem.check_fits
+    (["roofline", "elementwise", "--n", "4000000000000"], "available"),
     (["hw", "show", "nope"], "unknown chip"),
 ])
 def test_bad_input_one_line_exit_2(env, args, needle):
