@@ -1,5 +1,6 @@
-"""workbench.programs.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
-floor; memory that cannot fit is reported (pre-check and compiler), never a crash."""
+"""workbench.programs.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; every term of the
+prediction recomputed by hand from the record and the published peaks; memory that cannot fit is reported
+(pre-check and compiler), never a crash."""
 
 import jax
 import jax.numpy as jnp
