@@ -10,7 +10,6 @@ from models.precision import einsum_f32, get_policy, ragged_dot_f32, transposed_
 from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.cost.hlo import parse_dots
-from workbench.measure.calibrate import MATMUL_FORMS, bf16_isa, matmul_ceilings
 from workbench.programs.data import Batches, shard_batch
 from workbench.programs.train import build_train_step
 from workbench.testing import assert_close
@@ -146,18 +145,3 @@ def test_bf16_policies_train_like_float32():
     for policy in ("bf16", "bf16-f32act"):
         assert abs(final[policy] / final["float32"] - 1) <= 0.02, final
 
-
-def test_calibration_keeps_the_faster_form_and_names_the_slower():
-    """Every dtype measured in each of its result forms; the ceiling is the faster (by median), each slower form is a
-    finding naming both forms and the CPU's bf16 arithmetic; float32 has one form."""
-    mm, findings = matmul_ceilings(128, 3, jax.devices()[0], {"flags": ["avx2"]}, quiet=True)
-    assert set(mm) == set(MATMUL_FORMS)
-    assert list(mm["float32"]["forms"]) == ["float32"]
-    for dt, v in mm.items():
-        rates = {rt: f["flops_per_s"] for rt, f in v["forms"].items()}
-        assert v["result_dtype"] == max(rates, key=rates.get) and v["flops_per_s"] == max(rates.values())
-        for rt in rates:
-            if rt != v["result_dtype"]:
-                assert any(line.startswith(f"XLA:CPU {dt} matmul") and f"with a {rt} result" in line
-                           and "bf16 arithmetic: none" in line for line in findings), findings
-    assert bf16_isa(["avx512f", "avx512_bf16"]) == "avx512_bf16" and bf16_isa(["amx_bf16", "avx512_bf16"]) == "amx_bf16"
