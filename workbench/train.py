@@ -32,6 +32,7 @@ from models.config import ModelConfig
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
 from workbench.errors import WorkbenchError
+from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, fault_point, step_overhead
 
 
 # ------------------------------------------------------------------------------------------------- optimizer
@@ -273,7 +274,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
-                profile_steps: int = 0) -> dict:
+                profile_steps: int = 0, checkpoint: CheckpointSpec | None = None) -> dict:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -282,12 +283,16 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
     took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
 
+    checkpoint: save (and with .resume, first restore) orbax checkpoints (workbench/programs/checkpoint.py); a
+    resumed run trains steps restored+1..steps: 'losses' holds those, 'first_step' the first of them,
+    'loss_history' every step's from 1 on, 'checkpoint' what saving and restoring did and cost.
+
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
     """
     from models.analytics import analytics
     from workbench.compile import compile_program
-    from workbench.data import Batches, shard_batch, unigram_baseline
+    from workbench.data import Batches, unigram_baseline
     from workbench.measure import measure_steps, summarize
 
     steps = int(steps)
@@ -314,7 +319,20 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     cost = comp.cost
 
     state = prog.state
-    val_batches = [shard_batch(batches.val(i), prog.batch_sharding) for i in range(eval_batches)]
+    ckpt, start = None, 0
+    if checkpoint is not None:  # the data position is the step: batch i is a pure function of (seed, i)
+        ckpt = Checkpointer(checkpoint, {"model": cfg.to_dict(), "precision": prog.policy.name,
+                                         "batch_size": batch_size, "seq_len": prog.seq_len,
+                                         "microbatches": microbatches, "seed": seed, "schedule_steps": steps,
+                                         "strategy": prog.rules.name, "mesh": dict(mesh.shape),
+                                         "processes": jax.process_count()}, steps)
+        if checkpoint.resume:
+            state, start = ckpt.restore(abs_state)
+            if start >= steps:
+                ckpt.close()
+                raise WorkbenchError(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
+                                     "is already reached (nothing to train; the run that saved it is complete)")
+    val_batches = [batches.val_sharded(i, prog.batch_sharding) for i in range(eval_batches)]
 
     def evaluate():
         vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
@@ -323,31 +341,37 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
     losses: list = []
     metrics_log: list = []
-    val_losses: list[tuple[int, float]] = [(0, evaluate())]
-    next_batch = {"b": shard_batch(batches.train(0), prog.batch_sharding)}
+    val_losses: list[tuple[int, float]] = [(start, evaluate())]
+    next_batch = {"b": batches.train_sharded(start, prog.batch_sharding)}
 
     from workbench.commands._common import ProgressBar
 
-    bar = ProgressBar(steps, progress, "training")
+    bar = ProgressBar(steps - start, progress, "training")
 
     def one_step(i):
         nonlocal state
         state, metrics = run(state, next_batch["b"])
-        next_batch["b"] = shard_batch(batches.train(i + 1), prog.batch_sharding)  # overlaps the device step
+        fault_point("in-step", i + 1)
+        next_batch["b"] = batches.train_sharded(i + 1, prog.batch_sharding)  # overlaps the device step
         losses.append(metrics["loss"])
         metrics_log.append(metrics)
+        if ckpt is not None:
+            ckpt.maybe_save(i + 1, state, losses)
+        fault_point("after-step", i + 1, wait=metrics["loss"])
         bar.advance()
         return metrics["loss"]
 
     times: list[float] = []
+    timed_steps: list[int] = []  # the 1-based step of each entry of times
     untimed = 0
-    done = 0
+    done = start
     with bar:
         while done < steps:
             chunk = min(eval_every - done % eval_every, steps - done)
             if chunk >= 2:
                 m = measure_steps(lambda j, base=done: one_step(base + j), warmup=1, repeats=chunk - 1)
                 times.extend(m.times_s)
+                timed_steps.extend(range(done + 2, done + chunk + 1))
                 untimed += 1
             else:
                 jax.block_until_ready(one_step(done))
@@ -355,6 +379,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
             done += chunk
             if done % eval_every == 0 or done == steps:
                 val_losses.append((done, evaluate()))
+    ckpt_stats = ckpt.close() if ckpt is not None else None  # waits for the last background write
     measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
     losses_f = [float(x) for x in losses]
     if not all(math.isfinite(x) for x in losses_f):
@@ -417,5 +442,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         "cost": cost.to_dict(), "prediction": prediction.to_dict() if prediction else None,
         "measurement": measurement.to_dict() if measurement else None,
         "hardware": spec.name if spec else None, "kernel_profile": kernel_profile,
+        "first_step": start + 1, "resumed_from_step": start if ckpt is not None and checkpoint.resume else None,
+        "loss_history": (ckpt.history if ckpt is not None else []) + losses_f,
+        "checkpoint": ({**ckpt_stats.to_record(), **step_overhead(times, timed_steps, ckpt_stats.saved_steps)}
+                       if ckpt_stats is not None else None),
     }
 
