@@ -4,8 +4,8 @@
     python -m benchmarks.distributed_study --preset tiny --steps 20 --processes 1,2 --every 5
     python -m benchmarks.distributed_study --tiny          # a quick check that the script works
 
-Two studies, every figure measured by the spine (workbench.train.train_model: step times from workbench.measure's
-harness, saves timed by workbench.measure.timed) and appended to the results store as records of kind
+Two studies, every figure measured by the spine (workbench.programs.train.train_model: step times from the harness,
+workbench.measure.harness; saves timed by its `timed`) and appended to the results store as records of kind
 'distributed':
 1. processes: the same global mesh (`--devices 8 --mesh data=8`, fsdp) as 1, 2, 4 processes
    (`workbench run --processes N`): median step time and its spread, and the largest relative loss difference from
@@ -25,6 +25,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.hardware.devices import request_devices
+from workbench.programs.checkpoint import CheckpointSpec
+from workbench.programs.train import train_model
+from workbench.results.store import Store, make_record
 
 CONTENDED_LOAD = 0.5  # load average per core above which a row is marked contended
 
@@ -60,14 +67,7 @@ def process_cases(preset: str, steps: int, counts: list[int], devices: int) -> l
 
 
 def checkpoint_worker(preset: str, steps: int, every: int, devices: int) -> list[dict]:
-    from workbench.devices import request_devices
-
-    request_devices(devices)
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.programs.checkpoint import CheckpointSpec
-    from workbench.train import train_model
-
+    request_devices(devices)  # before JAX starts: this worker is its own process
     cfg, rows = get_config(preset), []
     root = tempfile.mkdtemp(prefix="workbench-ckpt-study-")
     try:
@@ -83,7 +83,8 @@ def checkpoint_worker(preset: str, steps: int, every: int, devices: int) -> list
                 spec = CheckpointSpec(d, every=every, resume=True)
             r = train_model(cfg, strategy="fsdp", mesh=make_mesh(f"data={devices}"), steps=steps, progress=False,
                             checkpoint=spec)
-            c = r["checkpoint"] or {}
+            c = r.checkpoint.to_record() if r.checkpoint else {}
+            r = r.to_record()
             rows.append({"study": "checkpoint", "mode": mode, "preset": preset, "devices": devices, "steps": steps,
                          "every": every if spec else None, "step_s": r["step_s"],
                          "step_s_iqr": r["step_s_iqr"], "save_blocking_s_median": c.get("save_blocking_s_median"),
@@ -131,8 +132,6 @@ def main(argv=None):
     else:
         print(f"checkpoint worker failed (exit {p.returncode})", file=sys.stderr)
 
-    from workbench.results import Store, make_record
-
     store = Store()
     for r in rows:
         spec = {k: r.get(k) for k in ("study", "preset", "processes", "mode", "devices", "steps", "every")}
@@ -157,7 +156,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

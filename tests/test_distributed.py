@@ -17,9 +17,9 @@ from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.errors import WorkbenchError
 from workbench.programs.checkpoint import CheckpointSpec, complete_steps
-from workbench.results import Store
+from workbench.programs.train import train_model
+from workbench.results.store import Store
 from workbench.testing import assert_close
-from workbench.train import train_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ("run", "--preset", "tiny", "--strategy", "fsdp", "--mesh", "data=8", "--devices", "8", "--seq", "32")
@@ -40,7 +40,7 @@ def json_of(r):
 def train(mesh_spec="data=8", strategy="fsdp", steps=STEPS, checkpoint=None, devices=None):
     mesh = make_mesh(mesh_spec, devices=devices)
     return train_model(get_config("tiny"), strategy=strategy, mesh=mesh, steps=steps, seq_len=32, progress=False,
-                       hardware=None, analytic=False, checkpoint=checkpoint)
+                       hardware=None, analytic=False, checkpoint=checkpoint).to_record()
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_results_store_survives_sigkill(tmp_path):
     """A process SIGKILLed while appending records in a loop leaves a store that loads and takes appends."""
     path = tmp_path / "records.jsonl"
     code = textwrap.dedent(f"""
-        from workbench.results import Store
+        from workbench.results.store import Store
         s = Store({str(path)!r})
         i = 0
         while True:

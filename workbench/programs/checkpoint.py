@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.measure.harness import timed
 
 DEFAULT_KEEP = 3
 # fields of the run that must be the same for a resumed run to continue the interrupted one exactly
@@ -93,7 +94,7 @@ def complete_steps(path) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointStats:
-    """What checkpointing did and cost in one run (wall seconds measured with workbench.measure.timed)."""
+    """What checkpointing did and cost in one run (wall seconds measured with workbench.measure.harness.timed)."""
 
     directory: str
     every: int | None
@@ -105,6 +106,11 @@ class CheckpointStats:
     save_blocking_s: tuple[float, ...]  # time each save held the training loop (device-to-host copy + dispatch)
     final_wait_s: float  # waiting at the end for the last background write
     kept_steps: tuple[int, ...]  # complete checkpoints on disk after the run (retention)
+    # from the run's measured step times (step_overhead): the median timed step with a save and without one
+    step_s_with_save: float | None = None
+    step_s_without_save: float | None = None
+    timed_saves: int = 0
+    save_overhead_s: float | None = None
 
     def to_record(self) -> dict:
         d = dataclasses.asdict(self)
@@ -154,7 +160,7 @@ class Checkpointer:
     constructs one and calls the same methods at the same steps."""
 
     def __init__(self, spec: CheckpointSpec, run_meta: dict, total_steps: int):
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # here, not at the top: ~1.5 s of imports that runs without checkpoints skip
 
         self.spec, self.run_meta, self.total_steps = spec, dict(run_meta), int(total_steps)
         options = ocp.CheckpointManagerOptions(max_to_keep=spec.keep, create=True, cleanup_tmp_directories=True,
@@ -174,8 +180,6 @@ class Checkpointer:
         checkpoint. A checkpoint of another model, precision, batch or schedule, or one that cannot be read, is a
         WorkbenchError naming it (nothing on disk is changed)."""
         import jax
-
-        from workbench.measure import timed
 
         steps = complete_steps(self.spec.directory)
         if not steps:
@@ -228,8 +232,6 @@ class Checkpointer:
         floats; read here, once the step is done). Returns whether it saved."""
         if not self.due(step) or step in self.saved or step == self.restored_step:
             return False
-        from workbench.measure import timed
-
         ocp = self._ocp
         flat, paths, _ = _flat(state)
 
@@ -250,8 +252,6 @@ class Checkpointer:
 
     def close(self) -> CheckpointStats:
         """Wait for the last background write, then report."""
-        from workbench.measure import timed
-
         _, wait = timed(self.manager.wait_until_finished)
         self.manager.close()
         return CheckpointStats(self.spec.directory, self.spec.every, self.spec.keep, self.spec.asynchronous,

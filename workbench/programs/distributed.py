@@ -2,7 +2,7 @@
 
 JAX runs one controller process per host (a TPU pod slice: one per TPU VM; a GPU cluster: one per node or per GPU).
 Every process runs the same program on the same global mesh; each owns (addresses) only its local devices, feeds
-only their shard of the batch (workbench.data.Batches.train_sharded) and XLA's collectives cross the processes
+only their shard of the batch (workbench.programs.data.Batches.train_sharded) and XLA's collectives cross the processes
 (on CPU through gloo over TCP, `jax_cpu_collectives_implementation='gloo'`).
 
 Three ways into a group (the same `workbench run` command line on every process):
@@ -16,7 +16,7 @@ Three ways into a group (the same `workbench run` command line on every process)
   job (OMPI_COMM_WORLD_SIZE > 1) that happens without the flag: such a run would otherwise be N unrelated runs.
 
 `--devices` always counts the global mesh: simulated CPU devices are split evenly, each process owning
-devices / N of them (fixed before JAX starts, workbench.devices.request_devices). On accelerators each process has
+devices / N of them (fixed before JAX starts, workbench.hardware.devices.request_devices). On accelerators each process has
 what its host has.
 
 Failure: the coordinator waits `INIT_TIMEOUT_S` for every process to join, and the coordination service declares a
@@ -35,8 +35,8 @@ import tempfile
 import time
 import zlib
 
-from workbench.devices import default_platform, request_devices
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
 
 INIT_TIMEOUT_S = 120
 HEARTBEAT_S = 20
