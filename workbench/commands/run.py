@@ -7,6 +7,7 @@ Several processes (`--processes N`, or a cluster's: workbench/programs/distribut
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -19,7 +20,7 @@ from workbench.results.store import Store, make_record
 SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
                 "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
                 "collectives", "params_total", "compile_s", "hardware")
-DISTRIBUTED_KEYS = ("processes", "hosts", "first_step", "resumed_from_step", "checkpoint")
+DISTRIBUTED_KEYS = ("processes", "hosts", "first_step", "resumed_from_step", "loss_history", "checkpoint")
 
 
 def _child_args(ctx) -> list[str]:
@@ -89,7 +90,12 @@ def register(app: typer.Typer) -> None:
         ckpt = (CheckpointSpec(checkpoint_dir, checkpoint_every, resume, keep_checkpoints)
                 if checkpoint_dir is not None else None)  # validated here: a bad directory stops every process
         if processes > 1:  # this process starts the group and waits; JAX never starts here
-            raise typer.Exit(dist.launch_local(_child_args(ctx), processes))
+            rc, why = dist.launch_local(_child_args(ctx), processes)
+            if why:
+                raise dist.GroupFailed(why, rc)
+            if rc:
+                sys.exit(rc)  # process 0 failed and said why
+            return
         group = dist.join(devices, coordinator=coordinator, num_processes=num_processes, process_id=process_id,
                           distributed=distributed)  # before anything touches jax devices
         n = group.global_devices

@@ -33,9 +33,9 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from workbench.errors import WorkbenchError
 from workbench.measure.harness import timed
@@ -43,7 +43,9 @@ from workbench.measure.harness import timed
 DEFAULT_KEEP = 3
 # fields of the run that must be the same for a resumed run to continue the interrupted one exactly
 MUST_MATCH = ("model", "precision", "batch_size", "seq_len", "microbatches", "seed", "schedule_steps")
-STEP_MARKER = "_CHECKPOINT_METADATA"  # orbax writes it into a step directory before the atomic rename
+# orbax's marks of a finished save: its metadata, and commit_success.txt (written last; on object stores, where
+# there is no rename, it is the only mark)
+STEP_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +63,7 @@ class CheckpointSpec:
             raise WorkbenchError(f"--checkpoint-every must be a positive whole number of steps, got {self.every!r}")
         if int(self.keep) != self.keep or self.keep < 1:
             raise WorkbenchError(f"--keep-checkpoints must be >= 1, got {self.keep!r}")
-        path = Path(self.directory)
+        path = epath.Path(self.directory)
         if path.exists() and not path.is_dir():
             raise WorkbenchError(f"--checkpoint-dir {self.directory} is a file, not a directory; "
                                  "give a directory path")
@@ -80,14 +82,15 @@ class CheckpointSpec:
 
 
 def complete_steps(path) -> list[int]:
-    """Steps of `path` whose orbax save finished (renamed from its tmp directory, metadata and items present)."""
-    path = Path(path)
+    """Steps of `path` whose orbax save finished (renamed from its tmp directory, its commit marks and both items
+    present). Local paths and the object stores etils.epath reaches (gs://...)."""
+    path = epath.Path(path)
     if not path.is_dir():
         return []
     out = []
     for p in path.iterdir():
-        if p.is_dir() and p.name.isdigit() and (p / STEP_MARKER).is_file() and (p / "meta").is_dir() \
-                and (p / "state").is_dir():
+        if p.is_dir() and p.name.isdigit() and all((p / m).exists() for m in STEP_MARKERS) \
+                and (p / "meta").is_dir() and (p / "state").is_dir():
             out.append(int(p.name))
     return sorted(out)
 
@@ -165,7 +168,7 @@ class Checkpointer:
         self.spec, self.run_meta, self.total_steps = spec, dict(run_meta), int(total_steps)
         options = ocp.CheckpointManagerOptions(max_to_keep=spec.keep, create=True, cleanup_tmp_directories=True,
                                                enable_async_checkpointing=spec.asynchronous)
-        self.directory = os.path.abspath(spec.directory)
+        self.directory = spec.directory if "://" in spec.directory else os.path.abspath(spec.directory)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._ocp = ocp
         self.saved: list[int] = []

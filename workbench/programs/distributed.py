@@ -44,6 +44,14 @@ FAIL_GRACE_S = 3.0
 LAUNCHER_ENV = "WORKBENCH_LAUNCHER"  # set by launch_local in its children: the group's origin for the record
 
 
+class GroupFailed(WorkbenchError):
+    """A process of a local group failed; the others were stopped. Exits with that process's status."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessGroup:
     """The processes a run spans (a single process is a group of one)."""
@@ -152,9 +160,10 @@ def _last_words(path: str, limit: int = 300) -> str:
     return text[-limit:]
 
 
-def launch_local(child_args: list[str], processes: int, *, env: dict | None = None) -> int:
+def launch_local(child_args: list[str], processes: int, *, env: dict | None = None) -> tuple[int, str | None]:
     """Run `workbench <child_args>` as `processes` processes on this host joined into one group; returns the exit
-    status to report: 0 when all succeed, else the first failure's (1 for a signal).
+    status to report (0 when all succeed, else the first failure's; 1 for a signal) and what to say about it (None
+    when all succeeded, or when process 0 failed on its own and already said why on stderr).
 
     Process 0 inherits this process's stdout and stderr; the others' stdout is discarded and their stderr kept in
     a temporary file, shown (its last error line) when one of them fails. When any process fails, the others get
@@ -185,7 +194,7 @@ def launch_local(child_args: list[str], processes: int, *, env: dict | None = No
                 failed = bad[0]
                 break
             if all(c == 0 for c in codes):
-                return 0
+                return 0, None
             time.sleep(0.1)
         deadline = time.monotonic() + FAIL_GRACE_S
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -206,17 +215,18 @@ def launch_local(child_args: list[str], processes: int, *, env: dict | None = No
             if path and failed is None:
                 os.unlink(path)
     i, rc = failed
-    words = _last_words(logs[i]) if logs[i] else ""
-    print(f"workbench: error: process {i} of {processes} {_describe_exit(rc)}; the other processes were stopped"
-          + (f" (process {i}: {words})" if words else "") + (f"; logs of processes 1..: {', '.join(p for p in logs if p)}"
-                                                              if processes > 1 else ""), file=sys.stderr)
     for path in logs:
         if path and path != logs[i]:
             try:
                 os.unlink(path)
             except OSError:
                 pass
-    return 1 if rc < 0 else rc
+    if i == 0 and rc > 0:  # process 0 failed by itself (a bad input, a runtime error): its own line is on stderr
+        return rc, None
+    words = _last_words(logs[i]) if logs[i] else ""
+    return (1 if rc < 0 else rc), (f"process {i} of {processes} {_describe_exit(rc)}; the other processes were "
+                                   "stopped" + (f" (process {i}: {words})" if words else "")
+                                   + (f"; its log: {logs[i]}" if logs[i] else ""))
 
 
 # --------------------------------------------------------------------------------------------- joining a group
