@@ -88,6 +88,7 @@ def checkpoint_worker(preset: str, steps: int, every: int, devices: int) -> list
             rows.append({"study": "checkpoint", "mode": mode, "preset": preset, "devices": devices, "steps": steps,
                          "every": every if spec else None, "step_s": r["step_s"],
                          "step_s_iqr": r["step_s_iqr"], "save_blocking_s_median": c.get("save_blocking_s_median"),
+                         "save_waiting_s_median": c.get("save_waiting_s_median"),
                          "save_blocking_s": c.get("save_blocking_s"), "step_s_with_save": c.get("step_s_with_save"),
                          "step_s_without_save": c.get("step_s_without_save"),
                          "save_overhead_s": c.get("save_overhead_s"), "final_wait_s": c.get("final_wait_s"),
@@ -145,10 +146,11 @@ def main(argv=None):
         print(f"{r['processes']:>9} {f3(r['step_s']):>8} {r['tokens_per_s'] or 0:>9.0f} "
               f"{r['loss_rel_diff_vs_1_process']:>9.1e} {r['loadavg_1m'] / r['cores']:>9.2f}"
               + ("  contended" if r["contended"] else ""))
-    print(f"\n{'checkpoint':>10} {'step_s':>8} {'save holds':>10} {'with save':>9} {'without':>8} {'last wait':>9} "
-          f"{'restore':>8}")
+    print(f"\n{'checkpoint':>10} {'step_s':>8} {'save holds':>10} {'of it wait':>10} {'with save':>9} {'without':>8} "
+          f"{'last wait':>9} {'restore':>8}")
     for r in (r for r in rows if r["study"] == "checkpoint"):
         print(f"{r['mode']:>10} {f3(r['step_s']):>8} {f3(r['save_blocking_s_median']):>10} "
+              f"{f3(r['save_waiting_s_median']):>10} "
               f"{f3(r['step_s_with_save']):>9} {f3(r['step_s_without_save']):>8} {f3(r['final_wait_s']):>9} "
               f"{f3(r['restore_s']):>8}" + ("  contended" if r["contended"] else ""))
     print(f"wrote {a.out}")

@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         if not group.primary:  # process 0 prints and records
             return
         r = result.to_record()
-        r.update(processes=group.processes, hosts=group.hosts, process_group=group.to_record())
+        r.update(process_group=group.to_record())
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed,

@@ -18,7 +18,9 @@ What a checkpoint holds (one orbax step directory per saved step, `D/<step>/`):
   (strategy, mesh, processes) and the loss history up to the step.
 
 Asynchronous: `CheckpointManager.save` returns once the arrays are copied off the devices; files are written by a
-background thread while the next steps run (`save_blocking_s` measures the part the step waits for). Atomic:
+background thread while the next steps run (`save_blocking_s` measures the part the step waits for, and
+`save_waiting_s` the share of it spent waiting for the previous save's write: saves closer together than one write
+take queue behind each other). Atomic:
 orbax writes `D/<step>.orbax-checkpoint-tmp-*` and renames it to `D/<step>` only once every process finished; a
 save that dies leaves a tmp directory that is never read (and is removed when the next run starts) and the previous
 step intact. Retention: the newest `keep` steps (CheckpointManagerOptions.max_to_keep).
@@ -106,7 +108,8 @@ class CheckpointStats:
     restored_step: int | None
     restore_s: float | None
     saved_steps: tuple[int, ...]
-    save_blocking_s: tuple[float, ...]  # time each save held the training loop (device-to-host copy + dispatch)
+    save_blocking_s: tuple[float, ...]  # time each save held the training loop (all of it: the two parts below)
+    save_waiting_s: tuple[float, ...]  # ... of which waiting for the previous save's background write to finish
     final_wait_s: float  # waiting at the end for the last background write
     kept_steps: tuple[int, ...]  # complete checkpoints on disk after the run (retention)
     # from the run's measured step times (step_overhead): the median timed step with a save and without one
@@ -116,8 +119,9 @@ class CheckpointStats:
     save_overhead_s: float | None = None
 
     def to_record(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
         d["save_blocking_s_median"] = float(np.median(self.save_blocking_s)) if self.save_blocking_s else None
+        d["save_waiting_s_median"] = float(np.median(self.save_waiting_s)) if self.save_waiting_s else None
         return d
 
 
@@ -173,6 +177,7 @@ class Checkpointer:
         self._ocp = ocp
         self.saved: list[int] = []
         self.blocking: list[float] = []
+        self.waiting: list[float] = []
         self.restored_step: int | None = None
         self.restore_s: float | None = None
         self.history: list[float] = []  # losses of steps 1..restored_step, from the checkpoint
@@ -247,9 +252,11 @@ class Checkpointer:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat),
                                                             meta=ocp.args.JsonSave(meta)))
 
-        _, blocked = timed(save)
+        _, waited = timed(self.manager.wait_until_finished)  # orbax would wait inside save(); timed apart here
+        _, called = timed(save)
         self.saved.append(step)
-        self.blocking.append(blocked)
+        self.blocking.append(waited + called)
+        self.waiting.append(waited)
         fault_point("in-save", step, until=lambda: any(n.startswith(f"{step}.") for n in os.listdir(self.directory)))
         return True
 
@@ -258,7 +265,8 @@ class Checkpointer:
         _, wait = timed(self.manager.wait_until_finished)
         self.manager.close()
         return CheckpointStats(self.spec.directory, self.spec.every, self.spec.keep, self.spec.asynchronous,
-                               self.restored_step, self.restore_s, tuple(self.saved), tuple(self.blocking), wait,
+                               self.restored_step, self.restore_s, tuple(self.saved), tuple(self.blocking),
+                               tuple(self.waiting), wait,
                                tuple(complete_steps(self.spec.directory)))
 
 

@@ -58,7 +58,6 @@ class ProcessGroup:
 
     processes: int
     process_id: int
-    hosts: int
     local_devices: int
     global_devices: int
     coordinator: str | None
@@ -70,8 +69,8 @@ class ProcessGroup:
         return self.process_id == 0
 
     def to_record(self) -> dict:
-        return {"processes": self.processes, "process_id": self.process_id, "hosts": self.hosts,
-                "local_devices": self.local_devices, "global_devices": self.global_devices,
+        return {"processes": self.processes, "process_id": self.process_id, "local_devices": self.local_devices,
+                "global_devices": self.global_devices,
                 "coordinator": self.coordinator, "origin": self.origin}
 
 
@@ -251,7 +250,7 @@ def join(devices: int | None = None, *, coordinator: str | None = None, num_proc
         num_processes = _env_processes()
     if origin == "single":
         n = request_devices(devices)
-        return ProcessGroup(1, 0, 1, jax.local_device_count(), n, None, origin)
+        return ProcessGroup(1, 0, jax.local_device_count(), n, None, origin)
 
     default_platform()
     per = None
@@ -282,8 +281,8 @@ def join(devices: int | None = None, *, coordinator: str | None = None, num_proc
                              "--num-processes, each with its own --process-id") from None
     if per is not None:
         request_devices(per)
-    return ProcessGroup(jax.process_count(), jax.process_index(), count_hosts(), jax.local_device_count(),
-                        jax.device_count(), coordinator, origin)
+    return ProcessGroup(jax.process_count(), jax.process_index(), jax.local_device_count(), jax.device_count(),
+                        coordinator, origin)
 
 
 def _native_stdout_to_stderr() -> None:
@@ -299,7 +298,8 @@ def _native_stdout_to_stderr() -> None:
 
 
 def count_hosts() -> int:
-    """Distinct host names among the group's processes (every process takes part)."""
+    """Distinct host names among the group's processes (a collective: every process calls it at the same point;
+    workbench.programs.train.train_model does, for the record and the MFU ceiling)."""
     import jax
     import numpy as np
 

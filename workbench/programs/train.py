@@ -44,6 +44,7 @@ from workbench.measure.calibrate import get_spec
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
 from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, CheckpointStats, fault_point, step_overhead
 from workbench.programs.data import Batches, unigram_baseline
+from workbench.programs.distributed import count_hosts
 from workbench.results.console import ProgressBar
 from workbench.roofline.prediction import Prediction, predict
 
@@ -300,6 +301,7 @@ class TrainResult:
     resumed_from_step: int | None = None           # the checkpoint's step a resumed run started from
     loss_history: tuple[float, ...] = ()           # every step's loss from step 1 (the checkpoint's, then these)
     processes: int = 1                             # processes of the group that ran the global mesh
+    hosts: int = 1                                 # distinct hosts among them
     checkpoint: CheckpointStats | None = None      # what saving and restoring did and cost
 
     @property
@@ -352,7 +354,7 @@ class TrainResult:
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "hardware": self.hardware, "kernel_profile": self.kernel_profile,
             "first_step": self.first_step, "resumed_from_step": self.resumed_from_step,
-            "loss_history": list(self.loss_history), "processes": self.processes,
+            "loss_history": list(self.loss_history), "processes": self.processes, "hosts": self.hosts,
             "checkpoint": self.checkpoint.to_record() if self.checkpoint else None,
         }
 
@@ -495,6 +497,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     dtype = np.dtype(prog.policy.compute_dtype).name
     price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
+    hosts = count_hosts()  # a group over several hosts: each host's simulated devices share that host's ceiling
+    if hosts > 1 and ceiling and is_simulated():
+        ceiling, ceiling_note = ceiling * hosts, f"{ceiling_note}; x {hosts} hosts"
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
 
@@ -524,6 +529,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         hardware=spec.name if spec else None, kernel_profile=kernel_profile,
         first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
+        hosts=hosts,
         checkpoint=(dataclasses.replace(ckpt_stats, **step_overhead(times, timed_steps, ckpt_stats.saved_steps))
                     if ckpt_stats is not None else None))
 
