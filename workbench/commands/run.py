@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from models.presets import get_config
-from workbench.errors import WorkbenchError, positive_int
+from workbench.errors import WorkbenchError, finite_number, positive_int
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
 
@@ -81,6 +81,12 @@ def register(app: typer.Typer) -> None:
         steps = positive_int("--steps", steps)
         batch = positive_int("--batch", batch)
         microbatches = positive_int("--microbatches", microbatches)
+        if seq is not None:
+            positive_int("--seq", seq)
+        if eval_every is not None:
+            positive_int("--eval-every", eval_every)
+        if lr is not None:
+            finite_number("--lr", lr, minimum=0, strictly_above=True)
         from workbench.programs import distributed as dist
         from workbench.programs.checkpoint import CheckpointSpec
 
