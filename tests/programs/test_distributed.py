@@ -21,7 +21,7 @@ from workbench.programs.train import train_model
 from workbench.results.store import Store
 from workbench.testing import assert_close
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = ("run", "--preset", "tiny", "--strategy", "fsdp", "--mesh", "data=8", "--devices", "8", "--seq", "32")
 STEPS = 8
 
