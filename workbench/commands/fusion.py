@@ -1,9 +1,17 @@
 """`workbench fusion (--op OP [sizes] | --preset P --program train|forward|layer) [--target T] [variants] [--json]`."""
 from __future__ import annotations
 
+import datetime
+import os
+import sys
 from typing import List, Optional
 
 import typer
+
+from workbench.errors import WorkbenchError, positive_int
+from workbench.hardware.devices import request_devices
+from workbench.results.console import emit_json, print_table
+from workbench.results.figures import fusion_chart
 
 
 def register(app: typer.Typer) -> None:
@@ -43,12 +51,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """What XLA fused in a program, what each kernel costs, and what fusing saved, under fusion variants."""
-        import datetime
-        import os
-
-        from workbench.commands._common import emit_json, print_table
-        from workbench.errors import WorkbenchError, positive_int
-        from workbench.programs import fusion as fx
+        from workbench.programs import fusion as fx  # deferred: --help stays fast
 
         if repeats < 1:
             raise WorkbenchError(f"--repeats must be >= 1, got {repeats}")
@@ -63,8 +66,6 @@ def register(app: typer.Typer) -> None:
         barriers = tuple(b for b in (barrier_after or "").split(",") if b) if barrier_after is not None else ()
         if barrier_after is not None and not barriers:
             raise WorkbenchError("--barrier-after is empty; give jax primitive names, e.g. --barrier-after mul,exp")
-        from workbench.devices import request_devices
-
         request_devices(None)
         if op is not None:
             sizes = dict(m=m, n=n, k=k, rows=rows, cols=cols, batch=batch, heads=heads, seq=seq, head_dim=head_dim)
@@ -89,8 +90,6 @@ def register(app: typer.Typer) -> None:
                          compare_host=not no_host, progress=say)
         out = res.to_record()
         if chart:
-            from workbench.report import fusion_chart
-
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
             d = os.path.join("reports", f"fusion-{stamp}")
             os.makedirs(d, exist_ok=True)
@@ -102,8 +101,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _say(msg: str) -> None:
-    import sys
-
     print(f"fusion: {msg}", file=sys.stderr, flush=True)
 
 

@@ -381,7 +381,7 @@ def _fused_ops(body: list[Instr], mod: Module, depth: int = 0) -> list[Instr]:
     out = []
     for i in body:
         if i.opcode == "fusion" and depth < 4:
-            out += _fused_ops(mod.computations.get((_attr(i.attrs, "calls") or "").lstrip("%"), []), mod, depth + 1)
+            out += _fused_ops(mod.computations.get((attr(i.attrs, "calls") or "").lstrip("%"), []), mod, depth + 1)
         elif i.opcode not in ("parameter", "tuple", "get-tuple-element", "bitcast"):
             out.append(i)
     return out
@@ -413,7 +413,7 @@ def kernel_sources(text: str, mod: Module | None = None) -> dict[str, dict[str, 
         for ins in mod.computations.get(comp, []):
             if ins.opcode in NO_COST_OPS or ins.opcode in ("while", "call", "conditional"):
                 continue
-            body = (_fused_ops(mod.computations.get((_attr(ins.attrs, "calls") or "").lstrip("%"), []), mod)
+            body = (_fused_ops(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), mod)
                     if ins.opcode == "fusion" else [ins])
             toks: dict[str, int] = {}
             for i in body:

@@ -5,11 +5,11 @@
     result.variants["no-fusion"].bytes, result.saved_bytes, result.speedup
 
 A study is a program here: it builds a `Program` (a function and its abstract inputs, for the host or a target's
-compile-only devices), compiles it once per `Variant` through workbench.compile (the compiler options go to that one
+compile-only devices), compiles it once per `Variant` through workbench.cost.compile (the compiler options go to that one
 compile: `lowered.compile(compiler_options=...)`, so every variant lives in one process), reads every kernel with
-workbench.hlo.parse_kernels, prices each at its own roof with workbench.roofline.kernel_roof, and on the host
-measures the program with workbench.measure.measure and each kernel from a jax.profiler trace
-(workbench.measure.profile_kernels). Records go to the results store, one per variant.
+workbench.cost.hlo.parse_kernels, prices each at its own roof with workbench.roofline.prediction.kernel_roof, and on the host
+measures the program with workbench.measure.harness.measure and each kernel from a jax.profiler trace
+(workbench.measure.harness.profile_kernels). Records go to the results store, one per variant.
 
 Variants:
     default         the compiler as it is
@@ -32,15 +32,41 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import math
 import os
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.extend.core import Literal
+from jax.sharding import NamedSharding, PartitionSpec
+
+from models.layers import Block
+from models.precision import get_policy
+from models.presets import get_config
+from partitioning import topology as topo
+from partitioning.mesh import make_mesh
+from workbench.cost.compile import compile_program
+from workbench.cost.hlo import kernel_sources, parse_kernels, parse_module
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform
+from workbench.hardware.spec import dtype_name
+from workbench.measure.calibrate import cache_dir, get_spec
+from workbench.measure.harness import measure, measure_steps, profile_kernels, random_inputs
+from workbench.programs import train
+from workbench.programs.ops import build
+from workbench.programs.predict import target_spec
+from workbench.results.store import Store, make_record
+from workbench.roofline.prediction import kernel_roof, predict
 
 KINDS = ("loop", "input/reduction", "output", "dot/convolution", "ynnpack", "onednn", "custom", "unfused")
 _PASS_LIST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
@@ -76,13 +102,10 @@ class Program:
 def _target_devices(target: str | None):
     """(target name, platform, devices) for 'host'/None or a TPU/GPU target (compile-only devices)."""
     if target in (None, "host"):
-        import jax
 
-        from workbench.devices import default_platform
 
         default_platform()
         return "host", "cpu", [jax.devices("cpu")[0]]
-    from partitioning import topology as topo
 
     t = topo.parse_target(target)
     if t.kind == "gpu" and topo.gpu_compiler_for(t, "auto") != "xla-gpu":
@@ -94,7 +117,6 @@ def _target_devices(target: str | None):
 
 
 def _sharded(args, sharding):
-    import jax
 
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
 
@@ -102,7 +124,6 @@ def _sharded(args, sharding):
 def function_program(fn: Callable, *args, name: str = "function", target: str | None = None,
                      description: str = "") -> Program:
     """A user function (plain, not jitted) on abstract args; on a target it is compiled for one of its chips."""
-    import jax
 
     tname, platform, devices = _target_devices(target)
     if tname != "host":
@@ -112,8 +133,7 @@ def function_program(fn: Callable, *args, name: str = "function", target: str | 
 
 
 def op_program(op: str, dtype: str = "float32", target: str | None = None, **sizes) -> Program:
-    """A built-in op (workbench.ops: matmul, elementwise, softmax, layernorm, attention) with its size options."""
-    from workbench.ops import build
+    """A built-in op (workbench.programs.ops: matmul, elementwise, softmax, layernorm, attention) with its size options."""
 
     o = build(op, dtype, **sizes)
     p = function_program(o.fn, *o.args, name=op, target=target, description=o.description)
@@ -129,15 +149,7 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
     """A model's full training step (`train`), its forward pass and loss (`forward`), or one transformer block
     (`layer`: x + attn(norm(x)), then x + mlp(norm(x)), on a (batch, seq, d_model) float32 residual stream), data
     parallel over the target's chips (the host: one device)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from models.config import ModelConfig  # noqa: F401 - the config type the preset builds
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench import train
 
     if program not in MODEL_PROGRAMS:
         raise WorkbenchError(f"--program {program!r}: choose one of {', '.join(MODEL_PROGRAMS)}")
@@ -168,8 +180,6 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
                            spec=spec)
         return Program(f"{preset}:{program}", prog.eval_step, (st["params"], st["gmeta"], st["rest"], bt), tname,
                        platform, n, precision_dtype(precision), description=desc, spec=spec)
-    from models.layers import Block
-    from models.precision import get_policy
 
     policy = get_policy(precision)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Block(cfg, policy, nnx.Rngs(0))))
@@ -186,8 +196,6 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
 
 
 def precision_dtype(policy: str) -> str:
-    from models.precision import get_policy
-    from workbench.hardware import dtype_name
 
     return dtype_name(get_policy(policy).compute_dtype)
 
@@ -255,8 +263,6 @@ def with_barriers(fn: Callable, args: tuple, after: tuple[str, ...] | Callable) 
     their equations count too; other higher-order primitives (scan, cond, remat) are kept whole.
 
     Returns (the rewritten function, how many barriers it inserts, the primitive names the program has)."""
-    import jax
-    from jax.extend.core import Literal
 
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     pred = after if callable(after) else (lambda i, e: e.primitive.name in after)
@@ -323,7 +329,6 @@ class PassEffect:
 
 def _shape_of_hlo(text: str) -> tuple[int, int, int]:
     """(kernels, ops inside fusions, optimization barriers) of one HLO module text."""
-    from workbench.hlo import parse_kernels, parse_module
 
     mod = parse_module(text)
     ks = parse_kernels(text, mod)
@@ -395,7 +400,7 @@ class VariantResult:
     flops: float
     transcendentals: float
     xla_bytes: float  # the compiler's cost_analysis bytes accessed
-    predicted_s: float  # workbench.roofline.predict's headline
+    predicted_s: float  # workbench.roofline.prediction.predict's headline
     kernel_predicted_s: float  # Σ kernels at their roofs (no first-touch or call overhead)
     measured_s: float | None
     measured_iqr_s: float | None
@@ -542,12 +547,9 @@ def diff(base: VariantResult, base_src: dict, other: VariantResult, other_src: d
 
 # ------------------------------------------------------------------------------------------------------ explore
 def _hw(prog: Program):
-    from workbench.hardware import get_spec
 
     if prog.local:
         return get_spec("host")
-    from partitioning import topology as topo
-    from workbench.predict import target_spec
 
     return target_spec(topo.parse_target(prog.target))
 
@@ -560,7 +562,6 @@ def _xla_error(e: Exception) -> str:
 
 
 def _compile(prog: Program, fn, options: dict, dump_dir: str | None = None, analytic: bool = False):
-    from workbench.compile import compile_program
 
     opts = dict(options)
     if dump_dir:
@@ -586,16 +587,13 @@ def _compile(prog: Program, fn, options: dict, dump_dir: str | None = None, anal
 
 
 def _inputs(prog: Program):
-    from workbench.measure import random_inputs
 
     return prog.make_inputs() if prog.make_inputs else random_inputs(prog.args)
 
 
 def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps: int):
     """(Measurement, profile_kernels rows by name) of one compiled variant on the host."""
-    import jax
 
-    from workbench.measure import measure, measure_steps, profile_kernels
 
     inputs = _inputs(prog)
     if prog.stateful:
@@ -620,9 +618,6 @@ def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps
 def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: int, profile_steps: int,
              barriers: int = 0, notes=(), store=None):
     """A compiled variant read, priced per kernel, measured (host) and recorded."""
-    from workbench.hlo import kernel_sources
-    from workbench.results import Store, make_record
-    from workbench.roofline import kernel_roof, predict
 
     cost = comp.cost
     pred = predict(cost, hw, dtype=prog.compute_dtype or cost.compute_dtype, simulated_mesh=False)
@@ -764,7 +759,6 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
 
 
 def _compiler_name(platform: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     pkg = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}.get(platform, "jaxlib")
     try:
@@ -778,9 +772,7 @@ def _compare_host(prog: Program, tgt: VariantResult, tgt_src: dict) -> dict:
     """The same program compiled by XLA:CPU for one host device: which kernels each compiler makes that the other
     splits (matched by source ops), kinds side by side. The host program is the whole batch, the target's is per
     chip, so bytes differ by the split; the kernel structure is what compares."""
-    import jax
 
-    from workbench.hlo import kernel_sources
 
     s = prog.spec
     try:
@@ -795,8 +787,6 @@ def _compare_host(prog: Program, tgt: VariantResult, tgt_src: dict) -> dict:
         comp = _compile(hp, hp.fn, {})
     except Exception as e:  # noqa: BLE001 - a comparison, not the answer
         return {"error": f"XLA:CPU could not compile the same program: {_xla_error(e)}"}
-    from workbench.hardware import get_spec
-    from workbench.roofline import kernel_roof, predict
 
     hw = get_spec("host")
     pred = predict(comp.cost, hw, dtype=prog.compute_dtype or comp.cost.compute_dtype)
@@ -839,12 +829,7 @@ def cpu_pass_pipeline() -> list[str]:
     """Every pass XLA:CPU's pipeline runs (a pass that changes nothing leaves no dump, so this asks the compiler's
     own log: a small program is compiled once in a child process with TF_CPP_VMODULE=hlo_pass_pipeline=1 and the
     'HLO pass NAME' lines are read). Cached per jaxlib version; [] when the log gives nothing."""
-    import json
-    import subprocess
-    import sys
-    from importlib.metadata import version
 
-    from workbench.calibrate import cache_dir
 
     path = os.path.join(cache_dir(), f"xla-cpu-passes-jaxlib-{version('jaxlib')}.json")
     try:
