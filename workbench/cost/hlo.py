@@ -405,8 +405,8 @@ _JIT_PREFIX = re.compile(r"^jit\([^)]*\)/")
 
 def kernel_sources(text: str, mod: Module | None = None) -> dict[str, dict[str, int]]:
     """Kernel name -> the source ops it computes, as 'opcode@op_name' -> count (op_name from the HLO metadata; '' when
-    absent, its outer 'jit(NAME)/' dropped). Two compiles of one program share these tokens, so kernels can be matched
-    across fusion decisions."""
+    absent, its outer 'jit(NAME)/' dropped; convolution counted as dot). Two compiles of one program share these
+    tokens, so kernels can be matched across fusion decisions (and across compilers)."""
     mod = mod or parse_module(text)
     out: dict[str, dict[str, int]] = {}
     for comp in _multiplicities(mod):
@@ -420,7 +420,8 @@ def kernel_sources(text: str, mod: Module | None = None) -> dict[str, dict[str, 
                 if i.opcode in ("constant", "opt-barrier"):
                     continue
                 m = re.search(r'op_name="([^"]+)"', i.attrs)
-                t = f"{i.opcode}@{_JIT_PREFIX.sub('', m.group(1)) if m else ''}"
+                op = "dot" if i.opcode == "convolution" else i.opcode  # the TPU compiler writes dots as convolutions
+                t = f"{op}@{_JIT_PREFIX.sub('', m.group(1)) if m else ''}"
                 toks[t] = toks.get(t, 0) + 1
             out[ins.name] = toks
     return out
