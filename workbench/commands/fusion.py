@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         head_dim: Optional[str] = typer.Option(None, help="attention head dimension"),
         dtype: str = typer.Option("float32", help="op dtype: float32 | bfloat16 | float16"),
         preset: Optional[str] = typer.Option(None, help="a model preset (small, tiny, ...)"),
-        program: str = typer.Option("layer", help="with --preset: train (full step) | forward | layer (one block)"),
+        program: str = typer.Option("layer", help="with --preset: train | forward | layer (one block) | mlp | attention (its halves)"),
         precision: str = typer.Option("float32", help="with --preset: the precision policy"),
         set_: Optional[str] = typer.Option(None, "--set", help="with --preset: config overrides k=v,k=v"),
         target: Optional[str] = typer.Option(None, help="compile for a TPU slice (tpu-v5e:2x2, ...; AOT through "

@@ -141,14 +141,15 @@ def op_program(op: str, dtype: str = "float32", target: str | None = None, **siz
                                                                "dtype": o.dtype})
 
 
-MODEL_PROGRAMS = ("train", "forward", "layer")
+MODEL_PROGRAMS = ("train", "forward", "layer", "mlp", "attention")
 
 
 def model_program(preset: str, program: str = "layer", *, target: str | None = None, batch: int = 8,
                   seq: int | None = None, precision: str = "float32", overrides: str | None = None) -> Program:
-    """A model's full training step (`train`), its forward pass and loss (`forward`), or one transformer block
-    (`layer`: x + attn(norm(x)), then x + mlp(norm(x)), on a (batch, seq, d_model) float32 residual stream), data
-    parallel over the target's chips (the host: one device)."""
+    """A model's full training step (`train`), its forward pass and loss (`forward`), one transformer block
+    (`layer`: x + attn(norm(x)), then x + mlp(norm(x)), on a (batch, seq, d_model) float32 residual stream), or one
+    half of it (`mlp`: x + mlp(norm(x)); `attention`: x + attn(norm(x))), data parallel over the target's chips (the
+    host: one device)."""
 
 
     if program not in MODEL_PROGRAMS:
@@ -191,7 +192,16 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
     def layer(state, x_btd, positions_bt):
         return nnx.merge(graphdef, state)(x_btd, positions_bt)[0]
 
-    return Program(f"{preset}:layer", layer, (abs_state, x, pos), tname, platform, n, precision_dtype(precision),
+    def mlp(state, x_btd, positions_bt):
+        blk = nnx.merge(graphdef, state)
+        return x_btd + blk.mlp(blk.norm_mlp(x_btd))[0].astype(jnp.float32)
+
+    def attention(state, x_btd, positions_bt):
+        blk = nnx.merge(graphdef, state)
+        return x_btd + blk.attn(blk.norm_attn(x_btd), positions_bt).astype(jnp.float32)
+
+    fn = {"layer": layer, "mlp": mlp, "attention": attention}[program]
+    return Program(f"{preset}:{program}", fn, (abs_state, x, pos), tname, platform, n, precision_dtype(precision),
                    description=desc, spec=spec)
 
 
@@ -483,8 +493,38 @@ class FusionResult:
         return {"measured": v.measured_s / d.measured_s if v.measured_s and d.measured_s else None,
                 "predicted": v.predicted_s / d.predicted_s if d.predicted_s else None}
 
+    def tradeoffs(self, variant: str = "no-fusion", top: int = 10) -> list[dict]:
+        """Per default kernel that `variant` split: the fused kernel against its parts — bytes, predicted and (host)
+        measured time, the dots' achieved rate — and which side wins: where fusion loses, the kernels say why."""
+        d = self.diffs.get(variant)
+        if not d:
+            return []
+        dk = {k.name: k for k in self.default.kernels}
+        vk = {k.name: k for k in self.variants[variant].kernels}
+        rows = []
+        for s in d["split"]:
+            f, parts = dk[s["kernel"]], [vk[p] for p in s["into"]]
+            dot_parts = [p for p in parts if "dot" in p.ops or "convolution" in p.ops]
+            meas = f.measured_s is not None and all(p.measured_s is not None for p in parts)
+            fused_dot_rate = (f.flops * f.count / f.measured_s if meas and f.measured_s and dot_parts else None)
+            part_dot_rate = (sum(p.flops * p.count for p in dot_parts) / sum(p.measured_s for p in dot_parts)
+                             if meas and dot_parts and sum(p.measured_s for p in dot_parts) > 0 else None)
+            row = {"kernel": f.name, "kind": f.kind, "ops": f.ops, "parts": len(parts),
+                   "bytes_fused": f.bytes * f.count, "bytes_parts": sum(p.bytes * p.count for p in parts),
+                   "predicted_fused_s": f.predicted_s, "predicted_parts_s": sum(p.predicted_s for p in parts),
+                   "measured_fused_s": f.measured_s if meas else None,
+                   "measured_parts_s": sum(p.measured_s for p in parts) if meas else None,
+                   "fused_flops_per_s": fused_dot_rate, "parts_dot_flops_per_s": part_dot_rate}
+            t_f, t_p = row["measured_fused_s"], row["measured_parts_s"]
+            row["fusion"] = ("loses" if t_f > t_p else "wins") if meas and t_p else None
+            rows.append(row)
+        rows.sort(key=lambda r: -abs((r["measured_fused_s"] or r["predicted_fused_s"])
+                                     - (r["measured_parts_s"] or r["predicted_parts_s"])))
+        return rows[:top]
+
     def to_record(self) -> dict:
         return {"program": self.program.to_record(), "compiler": self.compiler,
+                "tradeoffs": {n: self.tradeoffs(n) for n in self.diffs},
                 "variants": {n: v.to_record() for n, v in self.variants.items()},
                 "kernels": {n: [k.to_record() for k in v.kernels] for n, v in self.variants.items()},
                 "saved_bytes": self.saved_bytes, "speedup": self.speedup, "diff": self.diffs,

@@ -162,3 +162,41 @@ def fusion_chart(result: dict, path: str, title: str = "", top: int = 12) -> str
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
+    """benchmarks.fusion_study's figure: per case, bytes fused against unfused (log scale), and time per run fused
+    against unfused, measured (filled) beside predicted (hollow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r["case"] for r in rows]
+    x = np.arange(len(names))
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(names) * 2), 4.8), dpi=110)
+    a0.bar(x - 0.2, [r["bytes_fused"] / 1e6 for r in rows], 0.4, color="C0", label="fused (default)")
+    a0.bar(x + 0.2, [(r["bytes_unfused"] or 0) / 1e6 for r in rows], 0.4, color="C3", label="unfused")
+    a0.set_yscale("log")
+    a0.set_ylabel("MB moved per run")
+    a0.set_title("bytes")
+    w = 0.2
+    for i, (key, c, lab) in enumerate((("fused", "C0", "fused"), ("unfused", "C3", "unfused"))):
+        a1.bar(x + (2 * i - 1.5) * w, [(r[f"measured_{key}_s"] or 0) * 1e3 for r in rows], w, color=c,
+               label=f"{lab} measured")
+        a1.bar(x + (2 * i - 0.5) * w, [(r[f"predicted_{key}_s"] or 0) * 1e3 for r in rows], w, facecolor="none",
+               edgecolor=c, label=f"{lab} predicted")
+    a1.set_yscale("log")
+    a1.set_ylabel("ms per run")
+    a1.set_title("time")
+    for ax in (a0, a1):
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
