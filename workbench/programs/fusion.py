@@ -595,7 +595,7 @@ def _hw(prog: Program):
 
 
 def _xla_error(e: Exception) -> str:
-    msg = " ".join(str(e).split())
+    msg = (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
     for p in ("INVALID_ARGUMENT: ", "JaxRuntimeError: "):
         msg = msg.split(p, 1)[-1] if p in msg else msg
     return msg[:300]
@@ -620,7 +620,7 @@ def _compile(prog: Program, fn, options: dict, dump_dir: str | None = None, anal
     except WorkbenchError:
         raise
     except Exception as e:  # noqa: BLE001 - the compiler's words, one line
-        if "compile option" in str(e) or "While setting option" in str(e) or "INVALID_ARGUMENT" in str(e):
+        if "compile option" in str(e) or "While setting option" in str(e):
             bad = ", ".join(f"{k}={v}" for k, v in options.items())
             raise WorkbenchError(f"XLA rejected the compile options {bad}: {_xla_error(e)}") from None
         raise
@@ -759,21 +759,33 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
             _, beff = read_pass_dump(dump)
         finally:
             shutil.rmtree(dump, ignore_errors=True)
-        drops = tuple(dict.fromkeys(e.name for e in beff if e.drops_barriers))
+        first_fusing = next((i for i, e in enumerate(beff) if e.fuses), len(beff))
+        drops = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i < first_fusing))
+        late = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i >= first_fusing))
         opts = {}
         if drops:
             barrier_pass = ",".join(drops)
             opts = {"xla_disable_hlo_passes": barrier_pass}
-            vnotes.append(f"{compiler} removes optimization barriers in pass {barrier_pass} (read from its dump: "
-                          "the barriers are gone after it), so a barrier alone does not block fusion there; this "
-                          "variant compiles with that pass off")
+            vnotes.append(f"{compiler} removes optimization barriers in pass {barrier_pass} before it fuses (read "
+                          "from its dump: the barriers are gone after it), so a barrier alone does not block fusion "
+                          "there; this variant compiles with that pass off")
+        elif late:
+            vnotes.append(f"{compiler} keeps optimization barriers through fusion (its pass {', '.join(late)} "
+                          "removes them afterwards): the barriers block fusion as written")
         v = Variant(f"barriers({label})", tuple(opts.items()), tuple(barrier_after) if not callable(barrier_after)
                     else (), description=f"optimization barriers after {label}")
         run_list.append((v, fn_b, opts, nb, vnotes))
     compiled = []
+    failed = {}
     for v, fn, opts, nb, vnotes in run_list:  # every variant compiles before anything is measured or recorded
         say(f"{v.name}: compiling")
-        compiled.append((v, _compile(prog, fn, opts), nb, vnotes))
+        try:
+            compiled.append((v, _compile(prog, fn, opts), nb, vnotes))
+        except WorkbenchError:
+            raise  # options XLA rejects: the user's to fix
+        except Exception as e:  # noqa: BLE001 - the compiler failed on this variant: an answer, not a crash
+            failed[v.name] = _xla_error(e)
+            notes.append(f"variant {v.name}: {compiler} failed to compile it: {failed[v.name]}")
     say(f"default: reading{' and measuring' if measure_it else ''}")
     variants["default"], sources["default"] = _variant(
         prog, Variant("default", description="the compiler as it is"), default_comp, hw, measure_it=measure_it,
