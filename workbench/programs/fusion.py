@@ -391,6 +391,7 @@ class Kernel:
     bound: str  # compute | memory
     measured_s: float | None = None  # per program run, from the trace (host only)
     calls: float | None = None
+    traced_async: bool = False  # a dot XLA:CPU hands to Eigen asynchronously: the trace shows only its dispatch
 
     @property
     def bytes(self) -> float:
@@ -446,21 +447,24 @@ def kernel_kind(xla_kind: str, library: str, ops: dict) -> str:
 
 def by_kind(kernels) -> dict:
     """Per fusion kind: kernels, bytes, predicted and measured seconds, and the prediction's error where measured
-    (median over kernels of (predicted − measured) / measured, and of the kind's totals)."""
+    (median over kernels of (predicted − measured) / measured, and of the kind's totals). Kernels whose traced time is
+    an asynchronous dot's dispatch (profile_kernels' `async`) are left out of the measured side."""
     out: dict[str, dict] = {}
     for k in kernels:
-        d = out.setdefault(k.kind, {"kernels": 0, "bytes": 0.0, "predicted_s": 0.0, "measured_s": None, "_err": []})
+        d = out.setdefault(k.kind, {"kernels": 0, "bytes": 0.0, "predicted_s": 0.0, "measured_s": None, "_err": [],
+                                    "_pm": 0.0})
         d["kernels"] += 1
         d["bytes"] += k.bytes * k.count
         d["predicted_s"] += k.predicted_s
-        if k.measured_s is not None:
+        if k.measured_s is not None and not k.traced_async:  # an async dot's trace is its dispatch only
             d["measured_s"] = (d["measured_s"] or 0.0) + k.measured_s
+            d["_pm"] += k.predicted_s
             if k.measured_s > 0:
                 d["_err"].append((k.predicted_s - k.measured_s) / k.measured_s)
     for d in out.values():
-        errs = d.pop("_err")
+        errs, pm = d.pop("_err"), d.pop("_pm")
         d["median_error"] = statistics.median(errs) if errs else None
-        d["error"] = (d["predicted_s"] - d["measured_s"]) / d["measured_s"] if d["measured_s"] else None
+        d["error"] = (pm - d["measured_s"]) / d["measured_s"] if d["measured_s"] else None  # over measured kernels
     return dict(sorted(out.items(), key=lambda kv: -(kv[1]["measured_s"] or kv[1]["predicted_s"])))
 
 
@@ -505,7 +509,8 @@ class FusionResult:
         for s in d["split"]:
             f, parts = dk[s["kernel"]], [vk[p] for p in s["into"]]
             dot_parts = [p for p in parts if "dot" in p.ops or "convolution" in p.ops]
-            meas = f.measured_s is not None and all(p.measured_s is not None for p in parts)
+            meas = f.measured_s is not None and all(p.measured_s is not None for p in parts) and not (
+                f.traced_async or any(p.traced_async for p in parts))  # an async dot's trace is its dispatch only
             fused_dot_rate = (f.flops * f.count / f.measured_s if meas and f.measured_s and dot_parts else None)
             part_dot_rate = (sum(p.flops * p.count for p in dot_parts) / sum(p.measured_s for p in dot_parts)
                              if meas and dot_parts and sum(p.measured_s for p in dot_parts) > 0 else None)
@@ -631,7 +636,7 @@ def _inputs(prog: Program):
     return prog.make_inputs() if prog.make_inputs else random_inputs(prog.args)
 
 
-def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps: int):
+def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps: int, ceiling: float | None):
     """(Measurement, profile_kernels rows by name) of one compiled variant on the host."""
 
 
@@ -650,7 +655,8 @@ def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps
             return compiled(*inputs)
 
         m = measure(compiled, *inputs, warmup=1, repeats=repeats)
-    prof = profile_kernels(step, hlo_text, steps=profile_steps, top=10**6) if profile_steps else None
+    prof = (profile_kernels(step, hlo_text, steps=profile_steps, top=10**6, ceiling_flops=ceiling)
+            if profile_steps else None)
     jax.block_until_ready(step(0))
     return m, ({r["name"]: r for r in prof["kernels"]} if prof else {})
 
@@ -663,7 +669,8 @@ def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: 
     pred = predict(cost, hw, dtype=prog.compute_dtype or cost.compute_dtype, simulated_mesh=False)
     meas, prof = (None, {})
     if measure_it:
-        meas, prof = _measure(prog, comp.compiled, comp.hlo_text, repeats, profile_steps)
+        meas, prof = _measure(prog, comp.compiled, comp.hlo_text, repeats, profile_steps,
+                              hw.peak(prog.compute_dtype or cost.compute_dtype))
     kernels = []
     for k in cost.kernels:
         kc, km = kernel_roof(k, hw, pred.peak_dtype, pred.memory_bw)
@@ -673,7 +680,8 @@ def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: 
         kernels.append(Kernel(k.name, kernel_kind(k.kind, k.library, ops), k.kind, k.library, ops, k.output_shape,
                               k.bytes_in, k.bytes_out, k.flops, k.transcendentals, k.count, max(kc, km) * k.count,
                               "compute" if kc >= km else "memory",
-                              r["ms"] / 1e3 if (traced and r) else None, r["calls"] if r else None))
+                              r["ms"] / 1e3 if (traced and r) else None, r["calls"] if r else None,
+                              bool(r and r.get("async"))))
     traced = measure_it and profile_steps
     kms = sum(k.measured_s or 0.0 for k in kernels) if traced else None
     if traced and any(k.measured_s is None for k in kernels):
