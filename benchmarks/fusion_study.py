@@ -5,7 +5,7 @@ every fusing pass off, on this host, measured and traced per kernel):
   chain-D          elementwise chains of D multiply-adds over 16M floats (D = 1, 2, 4, 8, 16)
   norm-act-res     x + gelu(layernorm(x)·g + b) over [4096, 1024]
   softmax          softmax over [4096, 1024]
-  attention        causal attention b=4 h=8 s=512 d=64 (workbench.ops)
+  attention        causal attention b=4 h=8 s=512 d=64 (workbench.programs.ops)
   small-mlp        the `small` preset's x + mlp(norm(x)), batch 8 × 256 tokens
   small-attention  the `small` preset's x + attn(norm(x))
   small-train      the `small` preset's full training step (batch 8)
@@ -22,7 +22,7 @@ single-dot) variant splits, fused kernel against its parts (`tradeoffs`: where f
     python -m benchmarks.fusion_study --replot DIR    # table and figure again from DIR/summary.json
 
 Records go to the results store (kind 'fusion', one per variant); summary.json, table.md and the figures go to --out
-(default reports/fusion_study). Nothing here times anything itself: the explorer uses workbench.measure.
+(default reports/fusion_study). Nothing here times anything itself: the explorer uses workbench.measure.harness.
 """
 from __future__ import annotations
 
