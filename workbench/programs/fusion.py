@@ -719,6 +719,13 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
     variants: dict[str, VariantResult] = {}
     sources: dict[str, dict] = {}
 
+    pipeline = cpu_pass_pipeline() if prog.platform == "cpu" else []
+    for pl in pass_lists:  # on XLA:CPU the whole pipeline is known before anything compiles
+        unknown = [p for p in pl if pipeline and p not in pipeline]
+        if unknown:
+            raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass of {compiler}'s pipeline; "
+                                 "give comma-separated pass names from it, e.g. --disable-passes "
+                                 "fusion,dot-library-rewriter (--list-passes shows them all)")
     dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
     try:
         say(f"default: compiling {prog.name} for {prog.target}")
@@ -727,7 +734,7 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
     finally:
         shutil.rmtree(dump, ignore_errors=True)
     if prog.platform == "cpu":
-        passes = list(dict.fromkeys(passes + cpu_pass_pipeline()))
+        passes = list(dict.fromkeys(passes + pipeline))
     for pl in pass_lists:
         unknown = [p for p in pl if p not in passes]
         if unknown:
