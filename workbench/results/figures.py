@@ -175,7 +175,7 @@ def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
 
     names = [r["case"] for r in rows]
     x = np.arange(len(names))
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(names) * 2), 4.8), dpi=110)
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(max(10, 1.4 * len(names)), 4.8), dpi=110)
     a0.bar(x - 0.2, [r["bytes_fused"] / 1e6 for r in rows], 0.4, color="C0", label="fused (default)")
     a0.bar(x + 0.2, [(r["bytes_unfused"] or 0) / 1e6 for r in rows], 0.4, color="C3", label="unfused")
     a0.set_yscale("log")
