@@ -69,7 +69,7 @@ class Prediction:
 
 
 def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.hlo.KernelCost) at its own roof:
+    """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
     flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
     transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw)."""
     rate = spec.transcendentals_per_s
