@@ -72,7 +72,7 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
             raise WorkbenchError(f"unknown strategy {s!r}; choose from {', '.join(all_strategies())}")
     tiers: list[list[wp.PredictSpec]] = [[], [], []]
     for s in strats:
-        for axes in meshes_for(s, t.n_chips, cfg, seq):
+        for axes in meshes_for(s, t.n_devices, cfg, seq):
             nb = wp.batch_axes(s, axes)
             if batch % nb:
                 continue
@@ -93,16 +93,10 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
 
 
 def _versions() -> str:
-    import jax
-    import jaxlib
+    from workbench import compat
 
-    try:
-        from importlib.metadata import version
-
-        tpu = version("libtpu")
-    except Exception:  # noqa: BLE001
-        tpu = "none"
-    return f"jax={jax.__version__};jaxlib={jaxlib.__version__};libtpu={tpu}"
+    v = compat.versions()
+    return ";".join(f"{k}={v.get(k) or 'none'}" for k in ("jax", "jaxlib", "libtpu", "jax_cuda12_plugin"))
 
 
 def cache_key(lw: wp.Lowered) -> str:
@@ -345,7 +339,7 @@ def summarize(preset: str, t: topo.Target, cands, outcomes: list[Outcome], total
     invalid = [o for o in outcomes if o.status == "invalid"]
     first = cands[0] if cands else None
     out: dict[str, Any] = {
-        "preset": preset, "target": t.name, "n_chips": t.n_chips, "compiler": compiler,
+        "preset": preset, "target": t.name, "n_chips": t.n_chips, "n_devices": t.n_devices, "compiler": compiler,
         "batch": first.batch if first else None, "seq": first.seq if first else None,
         "candidates_enumerated": total, "candidates_tried": len(outcomes), "n_feasible": len(ranked),
         "n_does_not_fit": len(unfit), "n_invalid": len(invalid), "workers": workers, "elapsed_s": elapsed,
