@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 MESH_AXES = ("data", "model", "expert", "seq")
+TENSOR_AXIS = "model"  # the axis tensor parallelism splits heads, mlp and vocab over (partitioning/rules.py)
 
 
 def parse_mesh_spec(spec: str | dict) -> dict[str, int]:
@@ -54,8 +56,6 @@ def make_mesh(spec: str | dict, devices: Sequence | None = None):
     The product of the axis sizes must equal the number of devices.
     """
     import jax
-
-    from workbench import compat
 
     axes = parse_mesh_spec(spec)
     if devices is None:

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from workbench import compat
-from workbench.results import Store, experiment_key, make_record
+from workbench.results.store import Store, experiment_key, make_record
 
 
 def test_versions_name_the_jax_stack():

@@ -13,7 +13,7 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 | ragged-all-to-all on XLA:CPU  | UNIMPLEMENTED                                | UNIMPLEMENTED (longer message)         | `ragged_all_to_all_supported(platform)`: compiled once and cached |
 | `Compiled.cost_analysis()`    | a dict here; a list of dicts on older jaxlibs and some plugins, None on XLA:GPU compile-only | dict | `cost_analysis(compiled)` → one dict |
 | `Compiled.memory_analysis()`  | CompiledMemoryStats                          | + `peak_unpadded_heap_bytes`, `total_allocation_bytes`, `indefinite_allocations` | `memory_analysis(compiled)` → dict of the fields both have |
-| TPU `optimal_seconds`         | often negative (libtpu 0.0.42)               | positive on the programs tried (libtpu 0.0.52) | callers guard it (workbench.predict.xla_estimate) |
+| TPU `optimal_seconds`         | often negative (libtpu 0.0.42)               | positive on the programs tried (libtpu 0.0.52) | callers guard it (workbench.programs.predict.xla_estimate) |
 | `jax.experimental.roofline`   | present                                      | present                               | `experimental_roofline()`    |
 | TPU7x (v7x) topologies        | `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1  | libtpu 0.0.52                         | partitioning/topology.py     |
 
@@ -67,7 +67,7 @@ def cost_analysis(compiled) -> tuple[dict, list[str]]:
 
     Returns ({}, [why]) when the backend has none (XLA:GPU compile-only programs, some plugins) or raises; a list
     of per-program dicts (older jaxlibs) is summed key by key. Values are passed through, not judged: negative or
-    missing figures are the caller's to guard (workbench.costs)."""
+    missing figures are the caller's to guard (workbench.cost.report)."""
     try:
         raw = compiled.cost_analysis()
     except Exception as e:  # noqa: BLE001 - some backends do not implement it

@@ -156,7 +156,8 @@ def parse_module(text: str) -> Module:
     return Module(comps, entry)
 
 
-def _attr(attrs: str, key: str) -> str | None:
+def attr(attrs: str, key: str) -> str | None:
+    """The value of `key=` in an HLO instruction's attribute text (a balanced {...} or one token), or None."""
     m = re.search(rf"\b{key}=", attrs)
     if not m:
         return None
@@ -192,13 +193,13 @@ def _multiplicities(mod: Module) -> dict[str, int]:
             if ins.opcode == "while":
                 n = _trip_count(ins.attrs)
                 for key in ("body", "condition"):
-                    callee = (_attr(ins.attrs, key) or "").lstrip("%")
+                    callee = (attr(ins.attrs, key) or "").lstrip("%")
                     if callee in mod.computations:
                         mult[callee] = mult.get(callee, 0) + mult[c] * n
                         order.append(callee)
             elif ins.opcode in ("call", "conditional", "async-start"):
                 for key in ("to_apply", "calls", "branch_computations", "true_computation", "false_computation"):
-                    v = _attr(ins.attrs, key)
+                    v = attr(ins.attrs, key)
                     if not v:
                         continue
                     for callee in re.findall(r"%?([\w.\-]+)", v):
@@ -252,7 +253,7 @@ class CollectiveOp:
 
 def _dims(attrs: str, key: str) -> tuple[int, ...]:
     """The integers of a dimension-list attribute (lhs_contracting_dims={1,2} -> (1, 2)); () when absent."""
-    return tuple(int(d) for d in re.findall(r"\d+", _attr(attrs, key) or ""))
+    return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
 
 
 def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
@@ -274,7 +275,7 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
                 # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
                 if rhs is not None and rhs.dims:
-                    labels = _attr(ins.attrs, "dim_labels") or ""
+                    labels = attr(ins.attrs, "dim_labels") or ""
                     rl = labels.split("_", 1)[1].split("->")[0] if "_" in labels else ""
                     o = rl.index("o") if "o" in rl and len(rl) == len(rhs.dims) else len(rhs.dims) - 1
                     k = int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
@@ -352,8 +353,8 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
             shp = ins.shapes
             if op == "fusion":
-                kind = (_attr(ins.attrs, "kind") or "fusion")
-                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                kind = (attr(ins.attrs, "kind") or "fusion")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize = _computation_cost(body, shapes)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
@@ -417,7 +418,7 @@ def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
                                    _dims(ins.attrs, "rhs_contracting_dims"), _dims(ins.attrs, "lhs_batch_dims"),
                                    _dims(ins.attrs, "rhs_batch_dims"), count))
             elif ins.opcode == "fusion" and depth < 4:
-                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 found += dots_in(mod.computations.get(callee, []), count, depth + 1)
         return found
 
@@ -529,11 +530,11 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
                 payload = operand_bytes or (shapes[0].bytes if shapes else 0)
             dtype = shapes[0].dtype if shapes else "?"
             if kind == "collective-permute":
-                pairs = _attr(ins.attrs, "source_target_pairs")
+                pairs = attr(ins.attrs, "source_target_pairs")
                 groups = _expand_groups(pairs)
                 gsize, ngroups = 2, max(len(groups), 1)
             else:
-                groups = _expand_groups(_attr(ins.attrs, "replica_groups"))
+                groups = _expand_groups(attr(ins.attrs, "replica_groups"))
                 if groups:
                     gsize, ngroups = len(groups[0]), len(groups)
                 else:  # empty replica_groups: all devices in one group
