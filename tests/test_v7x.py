@@ -3,9 +3,9 @@
 import pytest
 
 from partitioning import topology as topo
-from workbench.programs import predict as wp
 from workbench.errors import WorkbenchError
 from workbench.hardware.spec import get_spec
+from workbench.programs import predict as wp
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
 

@@ -3,19 +3,23 @@
 Ground floor: imports jax, numpy and the standard library, nothing from the project. Code elsewhere calls these
 names instead of testing versions. Two locks are supported (Makefile): jax 0.12 on Python >= 3.12 (the default,
 `requirements.lock`) and jax 0.10 on Python 3.11 (`requirements-py311.lock`; jax stopped supporting 3.11 after
-0.10). Checked on jax/jaxlib 0.10.2 + libtpu 0.0.42.1 and jax/jaxlib 0.12.0.1 + libtpu 0.0.52:
+0.10). Checked on jax/jaxlib 0.10.2 + libtpu 0.0.42.1 and on jax/jaxlib 0.12.0.1 + libtpu 0.0.52:
 
-| what                          | jax 0.10.2                                   | jax 0.12.0.1                          | here                         |
-|-------------------------------|----------------------------------------------|---------------------------------------|------------------------------|
-| shard_map                     | `jax.shard_map`; `jax.experimental.shard_map` warns (deprecated since 0.8) | same | `shard_map`      |
-| mesh axis types               | `jax.make_mesh` defaults to Explicit axes    | same; 1st parameter renamed `axis_shapes` → `axis_sizes` | `make_mesh(..., axis_types)` (positional, Auto by default) |
-| sharding-in-types             | `jax.set_mesh`, `jax.sharding.use_abstract_mesh`, `get_abstract_mesh`; no `use_mesh` | same | `set_mesh`, `use_abstract_mesh`, `get_abstract_mesh` |
-| ragged-all-to-all on XLA:CPU  | UNIMPLEMENTED                                | UNIMPLEMENTED (longer message)         | `ragged_all_to_all_supported(platform)`: compiled once and cached |
-| `Compiled.cost_analysis()`    | a dict here; a list of dicts on older jaxlibs and some plugins, None on XLA:GPU compile-only | dict | `cost_analysis(compiled)` → one dict |
-| `Compiled.memory_analysis()`  | CompiledMemoryStats                          | + `peak_unpadded_heap_bytes`, `total_allocation_bytes`, `indefinite_allocations` | `memory_analysis(compiled)` → dict of the fields both have |
-| TPU `optimal_seconds`         | often negative (libtpu 0.0.42)               | positive on the programs tried (libtpu 0.0.52) | callers guard it (workbench.programs.predict.xla_estimate) |
-| `jax.experimental.roofline`   | present                                      | present                               | `experimental_roofline()`    |
-| TPU7x (v7x) topologies        | `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1  | libtpu 0.0.52                         | partitioning/topology.py     |
+- shard_map: `jax.shard_map` in both; `jax.experimental.shard_map` warns (deprecated since 0.8). -> `shard_map`
+- mesh axis types: `jax.make_mesh` defaults to Explicit axes in both; its first parameter was renamed
+  (`axis_shapes` -> `axis_sizes`). -> `make_mesh(shape, names, devices=, axis_types=)`: positional, Auto axes
+- sharding-in-types: `jax.set_mesh`, `jax.sharding.use_abstract_mesh`, `get_abstract_mesh` in both; no
+  `jax.sharding.use_mesh`. -> `set_mesh`, `use_abstract_mesh`, `get_abstract_mesh`
+- ragged-all-to-all on XLA:CPU: UNIMPLEMENTED in both (0.12's message is longer). -> `ragged_all_to_all_supported`
+  compiles a probe once per process instead of trusting a version table
+- `Compiled.cost_analysis()`: a dict on both here; a list of dicts on older jaxlibs and some plugins, None for
+  XLA:GPU compile-only programs. -> `cost_analysis(compiled)`: one dict and notes
+- `Compiled.memory_analysis()`: 0.12 adds `peak_unpadded_heap_bytes`, `total_allocation_bytes`,
+  `indefinite_allocations`. -> `memory_analysis(compiled)`: the fields both have, so records compare
+- TPU `optimal_seconds`: often negative with libtpu 0.0.42, positive on the programs tried with 0.0.52; callers
+  guard it (workbench.programs.predict.xla_estimate)
+- `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
+- TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
 
 `versions()` is what every record's provenance carries (jax, jaxlib, libtpu, flax, optax, orbax-checkpoint, the JAX
 CUDA plugin when present, Python).

@@ -188,7 +188,7 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
 
     def step(params, rest, tokens_bt, cache):
-        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             model = nnx.merge(graphdef, params, rest)
             if mode == "prefill":
                 logits_btv, cache = inference.prefill(model, tokens_bt, max_len=seq, cache=cache)
