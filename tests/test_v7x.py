@@ -82,3 +82,14 @@ def test_newest_gpus_in_the_catalogue_with_sparse_flags():
     for s in (b300, gb300, mi):
         for key in ("peak_flops.bfloat16", "hbm_bytes", "hbm_bw", "interconnect.link_bw"):
             assert s.sources[key].source and s.sources[key].date == "2026-12-01"
+
+
+def test_plan_enumerates_meshes_over_v7x_devices():
+    import math
+
+    from workbench.programs.plan import enumerate_candidates
+
+    cands = enumerate_candidates("tiny", "tpu-v7x:2x2x1", strategies=["fsdp", "tp"])
+    meshes = {c.mesh for c in cands}
+    assert "data=8" in meshes and "data=4,model=2" in meshes
+    assert all(math.prod(int(a.split("=")[1]) for a in m.split(",")) == 8 for m in meshes)
