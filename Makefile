@@ -18,7 +18,7 @@ STAMP := $(VENV)/.installed-$(PYVER)
 SMOKE := tests/test_compat.py tests/test_costs.py tests/test_hlo.py tests/test_roofline.py \
          tests/test_partitioning.py tests/test_topology.py tests/test_measure_results.py
 
-.PHONY: demo test smoke test-all lint bench clean python
+.PHONY: demo test smoke test-all lint bench paper clean python
 
 $(STAMP): $(LOCK) pyproject.toml
 	@test -n "$(PYVER)" || { echo "make: '$(PYTHON)' does not run here; pass PYTHON=python3.12 (or a path)"; exit 2; }
@@ -47,6 +47,9 @@ smoke: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+paper: $(STAMP)
+	$(VENV)/bin/workbench paper build
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.prediction_error

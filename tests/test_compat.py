@@ -4,11 +4,11 @@ import jax.numpy as jnp
 import pytest
 
 from workbench import compat
-from workbench.results.store import Store, experiment_key, make_record
+from workbench.results.store import Store, experiment_key, make_record, versions
 
 
 def test_versions_name_the_jax_stack():
-    v = compat.versions()
+    v = versions()
     assert v["jax"] == jax.__version__ and v["jaxlib"] and v["python"].count(".") == 2
     for k in ("libtpu", "flax", "optax", "orbax_checkpoint"):
         assert k in v  # None when not installed, but always recorded

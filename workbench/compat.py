@@ -21,15 +21,12 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 - `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
 - TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
 
-`versions()` is what every record's provenance carries (jax, jaxlib, libtpu, flax, optax, orbax-checkpoint, the JAX
-CUDA plugin when present, Python).
+The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
+(no JAX import there) and carried in every record's provenance.
 """
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import platform as _platform
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -146,31 +143,3 @@ def ragged_all_to_all_supported(platform: str) -> bool:
     except Exception:  # noqa: BLE001 - UNIMPLEMENTED (or any refusal): not supported here
         return False
     return True
-
-
-# ---------------------------------------------------------------------------------------------------- versions
-
-_PACKAGES = ("jax", "jaxlib", "libtpu", "flax", "optax", "orbax-checkpoint", "chex", "numpy", "jax-cuda12-plugin",
-             "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
-
-
-def package_version(name: str) -> str | None:
-    """The installed distribution's version, or None when it is not installed."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@functools.lru_cache(maxsize=1)
-def versions() -> dict[str, str | None]:
-    """The software a result was produced with: Python and the JAX stack (None = not installed). The keys are the
-    distribution names with '-' as '_' (orbax_checkpoint, jax_cuda12_plugin)."""
-    out: dict[str, str | None] = {"python": _platform.python_version(),
-                                  "python_implementation": sys.implementation.name}
-    for p in _PACKAGES:
-        v = package_version(p)
-        if v is not None or p in ("jax", "jaxlib", "libtpu", "flax", "optax", "orbax-checkpoint"):
-            out[p.replace("-", "_")] = v
-    out["jax"] = jax.__version__  # the imported module (an editable install may differ from its metadata)
-    return out

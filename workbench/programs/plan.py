@@ -30,11 +30,10 @@ from models.presets import get_config
 from partitioning import topology as topo
 from partitioning.rules import strategies as all_strategies
 from partitioning.strategy import get_strategy
-from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import enable_compilation_cache
 from workbench.programs import predict as wp
-from workbench.results.store import Store, make_record
+from workbench.results.store import Store, make_record, versions
 
 REMATS = ("none", "per-layer")
 MICROBATCHES = (1, 2, 4)
@@ -77,7 +76,7 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
 
 
 def _versions() -> str:
-    v = compat.versions()
+    v = versions()
     return ";".join(f"{k}={v.get(k) or 'none'}" for k in ("jax", "jaxlib", "libtpu", "jax_cuda12_plugin"))
 
 

@@ -1,8 +1,8 @@
 """The one results store: append-only JSON Lines, one record per experiment.
 
 record = {id, kind, time, spec, costs, prediction, measurement, extra, provenance}
-provenance carries the software (workbench.compat.versions(): jax, jaxlib, libtpu, flax, optax, orbax-checkpoint,
-the CUDA plugin when installed, Python); `Store.compare()` lines up the same experiment (kind + spec) across them.
+provenance carries the software (`versions()`: jax, jaxlib, libtpu, flax, optax, orbax-checkpoint, the CUDA plugin
+when installed, Python); `Store.compare()` lines up the same experiment (kind + spec) across them.
 Writes take an exclusive lock and go out as one write() of one complete line followed by fsync, so a crash never
 leaves a half record; a file whose last line is incomplete (a crash from outside, a hand edit) is refused with a
 one-line error rather than appended to or silently skipped.
@@ -20,9 +20,9 @@ import platform
 import socket
 import subprocess
 import uuid
+from importlib import metadata
 from typing import Any
 
-from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.hardware import hostmem
 
@@ -102,13 +102,36 @@ class Store:
             raise WorkbenchError(f"cannot read {self.path}: {e.strerror}") from None
         return out
 
+    def query(self, kind: str | None = None, sweep: str | None = None, since: str | None = None, **spec):
+        """Records as a DataFrame (see load), filtered: `kind`; `sweep` (a sweep's name or id); `since` (ISO date or
+        time, compared with provenance.time); any other keyword must equal that key of the record's spec
+        (`op="matmul"`). Every notebook reads the store through this."""
+        import pandas as pd  # noqa: PLC0415
+
+        recs = []
+        for r in self.records(kind):
+            prov = r.get("provenance") or {}
+            sw = prov.get("sweep") or {}
+            if sweep is not None and sweep not in (sw.get("name"), sw.get("id")):
+                continue
+            if since is not None and str(prov.get("time", "")) < since:
+                continue
+            if any((r.get("spec") or {}).get(k) != v for k, v in spec.items()):
+                continue
+            recs.append(r)
+        return self._frame(recs) if recs else pd.DataFrame()
+
     def load(self, kind: str | None = None):
         """Records as a pandas DataFrame, nested fields flattened with dots (costs.flops, prediction.bound...)."""
-        import pandas as pd
+        import pandas as pd  # noqa: PLC0415
 
         recs = self.records(kind)
-        if not recs:
-            return pd.DataFrame()
+        return self._frame(recs) if recs else pd.DataFrame()
+
+    @staticmethod
+    def _frame(recs: list[dict]):
+        import pandas as pd  # noqa: PLC0415
+
         slim = []
         for r in recs:
             r = dict(r)
@@ -220,7 +243,8 @@ def _dig(record: dict, path: str):
     return cur
 
 
-def _git() -> dict:
+def git_info() -> dict:
+    """The code's commit and whether the work tree has uncommitted changes to tracked files (None outside git)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -232,17 +256,56 @@ def _git() -> dict:
         return {"git_sha": None, "git_dirty": None}
 
 
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# the software a record was produced with (None: not installed); keys are distribution names with '-' as '_'
+VERSIONED = ("jax", "jaxlib", "libtpu", "flax", "optax", "orbax-checkpoint", "chex", "numpy")
+VERSIONED_IF_PRESENT = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
+
+
+def versions() -> dict:
+    """Python and the JAX stack, from the installed distributions (no JAX import): what every record's provenance
+    carries and what Store.compare groups by (VERSION_KEYS)."""
+    out = {"python": platform.python_version()}
+    for pkg in VERSIONED + VERSIONED_IF_PRESENT:
+        v = _version(pkg)
+        if v is not None or pkg in VERSIONED:
+            out[pkg.replace("-", "_")] = v
+    return out
+
+
 def provenance(seed: int | None = None) -> dict:
-    import jax
+    """Where a record came from: code (commit, dirty flag), packages (jax, jaxlib, libtpu, flax), XLA flags, host and
+    its calibration fingerprint, devices, date; and, inside `workbench sweep`, the sweep and point it belongs to."""
+    import jax  # noqa: PLC0415 - the store itself stays importable without JAX (fast CLI start-up)
 
     devs = jax.devices()
     return {
-        **compat.versions(),  # python, jax, jaxlib, libtpu, flax, optax, orbax_checkpoint (+ the CUDA plugin)
+        **versions(),
         "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
-        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **_git(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **git_info(),
+        "host_fingerprint": host_fingerprint(),
+        **({"sweep": json.loads(os.environ["WORKBENCH_SWEEP"])} if os.environ.get("WORKBENCH_SWEEP") else {}),
     }
+
+
+def host_fingerprint() -> str:
+    """A short id of this host's CPU, cores and memory (the calibration cache is keyed by it plus the jax version)."""
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "mem": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["model"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def make_record(kind: str, spec: dict, cost=None, prediction=None, measurement=None, extra: dict | None = None,
