@@ -15,8 +15,9 @@ LOCK := $(if $(filter 3.11,$(PYVER)),requirements-py311.lock,requirements.lock)
 STAMP := $(VENV)/.installed-$(PYVER)
 # the short subset CI runs on the second Python (a few minutes): the version layer, costs, HLO reading, the
 # roofline, partitioning, targets, the results store
-SMOKE := tests/test_compat.py tests/test_costs.py tests/test_hlo.py tests/test_roofline.py \
-         tests/test_partitioning.py tests/test_topology.py tests/test_measure_results.py
+SMOKE := tests/test_compat.py tests/cost/test_report.py tests/cost/test_hlo.py tests/roofline/test_prediction.py \
+         tests/partitioning/test_shard.py tests/partitioning/test_topology.py tests/results/test_store.py \
+         tests/hardware/test_catalogue.py tests/hardware/test_v7x.py
 
 .PHONY: demo test smoke test-all lint bench paper clean python
 
