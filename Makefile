@@ -1,23 +1,50 @@
 # Two set-up commands: `make demo` and `make test`. Both create .venv if missing and install the pinned set.
-PYTHON ?= python3
-VENV := .venv
+#
+# Which Python: the newest of 3.13 and 3.12 found here (a pythonX.Y on PATH, or pyenv's when its shim is not
+# selected; see .ci/pick-python), else python3. Choose another with `make test PYTHON=python3.11` (any interpreter
+# name or path). The lock follows the interpreter: requirements.lock (jax 0.12) on Python >= 3.12,
+# requirements-py311.lock (jax 0.10, the last jax for 3.11) on Python 3.11. A venv made by another Python version
+# is rebuilt. `VENV=.venv-py311` keeps a second one beside the default.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell sh .ci/pick-python)
+endif
+VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+LOCK := $(if $(filter 3.11,$(PYVER)),requirements-py311.lock,requirements.lock)
+STAMP := $(VENV)/.installed-$(PYVER)
+# the short subset CI runs on the second Python (a few minutes): the version layer, costs, HLO reading, the
+# roofline, partitioning, targets, the results store
+SMOKE := tests/test_compat.py tests/cost/test_report.py tests/cost/test_hlo.py tests/roofline/test_prediction.py \
+         tests/partitioning/test_shard.py tests/partitioning/test_topology.py tests/results/test_store.py \
+         tests/hardware/test_catalogue.py tests/hardware/test_v7x.py
 
-.PHONY: demo test test-all lint bench paper clean
+.PHONY: demo test smoke test-all lint bench paper clean python
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
+	@test -n "$(PYVER)" || { echo "make: '$(PYTHON)' does not run here; pass PYTHON=python3.12 (or a path)"; exit 2; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+		{ echo "make: $(PYTHON) is Python $(PYVER); the workbench needs 3.11 or newer (3.12+ for jax 0.12)"; exit 2; }
+	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(PYVER)")'; then \
+		echo "$(VENV) was made by another Python: rebuilding it with $(PYTHON) ($(PYVER))"; rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q -r $(LOCK)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
+
+python:
+	@echo "$(PYTHON) (Python $(PYVER)) -> $(VENV), $(LOCK)"
 
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+smoke: $(STAMP)
+	$(PY) -m pytest -m "not compile_heavy" $(SMOKE)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -4,7 +4,7 @@
 
 Two parts, both recorded (kind 'precision_roofline') and drawn:
 
-1. Accelerator targets (H100, H200, B200, TPU v5e/v6e, and the host): the training step's GEMMs - every einsum the
+1. Accelerator targets (H100, H200, B200, B300, TPU v5e/v6e/v5p/v7x, and the host): the training step's GEMMs - every einsum the
    model sends through its precision policy, found by tracing the model abstractly (no compile, so large presets
    are cheap) - become an analytic CostReport: per GEMM the forward, dgrad and wgrad products, each reading its two
    operands at the policy's storage width (fp8: 1 byte; MX: element bits + 8 bits per 32-element block) and writing
@@ -42,7 +42,9 @@ from workbench.programs.train import abstract_with, build_train_step
 from workbench.results import store as results
 from workbench.roofline.prediction import predict
 
-TARGETS = ["h100-sxm", "h200", "b200", "tpu-v5e", "tpu-v6e"]
+# generations side by side: TPU v5p runs fp8 at its bf16 rate, v7x (Ironwood) has native fp8 at twice it; B300 beside
+# B200 (the same fp8 rate, fp4 raised)
+TARGETS = ["h100-sxm", "h200", "b200", "b300", "tpu-v5e", "tpu-v6e", "tpu-v5p", "tpu-v7x"]
 BATCH = {"tiny": (8, None), "small": (8, None), "gpt2-small": (8, 1024), "llama3-8b": (1, 4096)}  # (batch, seq)
 
 

@@ -66,6 +66,7 @@ from models.params import normal, param, zeros
 from models.precision import ragged_dot_f32
 from partitioning.mesh import TENSOR_AXIS
 from partitioning.shard import current
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 EXPERT_AXIS = "expert"
@@ -424,7 +425,7 @@ def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: i
 # ---------------------------------------------------------------------------------------------------------------
 def current_mesh():
     """The mesh in context (jax.set_mesh / nnx), or None."""
-    m = jax.sharding.get_abstract_mesh()
+    m = compat.get_abstract_mesh()
     if m is None or m.empty:
         return None
     return m
@@ -441,12 +442,13 @@ def ep_axes(mesh, expert_axis: str = EXPERT_AXIS):
 def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
     """'padded' or 'ragged'/'ragged-emulated' for an EP exchange. The ragged exchange needs dropless token-choice
     (capacity routing fills fixed (E, C) buffers by definition). 'auto': ragged where the backend implements
-    ragged-all-to-all (TPU, GPU), padded on CPU (XLA:CPU: UNIMPLEMENTED)."""
+    ragged-all-to-all (TPU, GPU; on CPU only if this jaxlib compiles it: compat.ragged_all_to_all_supported, which
+    XLA:CPU in jax 0.10.2 and 0.12.0.1 does not), padded otherwise."""
     if mode not in A2A_MODES:
         raise WorkbenchError(f"unknown all-to-all mode {mode!r}; choose one of {', '.join(A2A_MODES)}")
     raggable = opt.capacity_factor is None and opt.router == "token-choice"
     if mode == "auto":
-        return "ragged" if (raggable and platform in ("tpu", "gpu", "cuda", "rocm")) else "padded"
+        return "ragged" if (raggable and compat.ragged_all_to_all_supported(platform)) else "padded"
     if mode != "padded" and not raggable:
         raise WorkbenchError(f"the {mode} all-to-all needs dropless token-choice routing (capacity_factor=None); "
                              "capacity routing exchanges fixed (E, C) buffers: use a2a='padded'")
@@ -528,10 +530,10 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
     sums_spec = {k: P() for k in STAT_KEYS}
     if jitter_td is None:
-        fn = jax.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
+        fn = compat.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
                            out_specs=(tok_spec, sums_spec))
         return fn(params, x_td, bias)
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec))
+    fn = compat.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec))
     return fn(params, x_td, bias, jitter_td)
 
 

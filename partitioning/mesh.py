@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 MESH_AXES = ("data", "model", "expert", "seq")
@@ -55,7 +56,6 @@ def make_mesh(spec: str | dict, devices: Sequence | None = None):
     The product of the axis sizes must equal the number of devices.
     """
     import jax
-    from jax.sharding import AxisType
 
     axes = parse_mesh_spec(spec)
     if devices is None:
@@ -69,9 +69,9 @@ def make_mesh(spec: str | dict, devices: Sequence | None = None):
             f"{len(devices)} (or pass --devices {size} to simulate {size} CPU devices)")
     names = tuple(axes)
     shape = tuple(axes.values())
-    types = (AxisType.Auto,) * len(names)
+    types = compat.auto_axes(len(names))
     try:
-        return jax.make_mesh(shape, names, axis_types=types, devices=devices)
+        return compat.make_mesh(shape, names, devices=devices, axis_types=types)
     except Exception:  # topology-aware ordering can refuse unusual shapes: fall back to the given order
         import numpy as np
 

@@ -6,6 +6,7 @@ A target names a chip and a slice shape:
     tpu-v4:2x2x1    4 TPU v4 chips (megacore: one JAX device per chip, as on a real v4 host)
     tpu-v5p:2x2x2   8 TPU v5p chips (megacore)
     tpu-v6e:2x4     8 TPU v6e (Trillium) chips
+    tpu-v7x:2x2x1   4 TPU v7x (Ironwood) chips = 8 JAX devices (libtpu's `tpu7x`: one device per TensorCore)
     h100:8          one node of 8 NVIDIA H100 SXM (also h200:8, b200:8, a100:8; h100:16 = two nodes)
 
 TPU targets get compile-only devices from the TPU compiler in libtpu through
@@ -24,6 +25,7 @@ import math
 import os
 import re
 
+from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import default_platform, request_devices
 
@@ -41,6 +43,7 @@ class TpuFamily:
     device_kind: str            # what libtpu reports as device_kind
     slice_shapes: tuple[str, ...] = ()  # 2D families: the shapes on offer; empty = any accepted by libtpu
     source: str = ""
+    devices_per_chip: int = 1   # JAX devices libtpu makes per chip (v7x: 2, one per TensorCore; checked on load)
 
 
 # Slice shapes and sizes: Google Cloud TPU documentation, read 2026-11 —
@@ -57,8 +60,13 @@ TPU_FAMILIES: dict[str, TpuFamily] = {
     "v6e": TpuFamily("v6e", "v6e", 2, "default", 256, ("tpu-v6e", "v6e", "tpu_v6e", "trillium"), "TPU v6 lite",
                      ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
                      source="https://cloud.google.com/tpu/docs/v6e"),
+    # TPU7x: libtpu's topology names are `tpu7x:XxYxZ` (`v7x:` is rejected: "Invalid TPU external name"); it has no
+    # megacore chip config for it ("megacore ... does not exist"), so each TensorCore is its own device: two per chip
+    # coordinate in get_topology_desc (libtpu 0.0.52). Pod: 9216 chips.
+    "v7x": TpuFamily("v7x", "tpu7x", 3, "default", 9216, ("tpu-v7x", "v7x", "tpu7x"), "TPU7x",
+                     source="https://docs.cloud.google.com/tpu/docs/tpu7x", devices_per_chip=2),
 }
-_TPU_ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
+_TPU_ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e", "7x": "v7x", "ironwood": "v7x"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +140,16 @@ class Target:
         return math.prod(self.shape)
 
     @property
+    def devices_per_chip(self) -> int:
+        """JAX devices per chip: 2 on TPU v7x (one per TensorCore), 1 elsewhere (megacore or single-core chips)."""
+        return TPU_FAMILIES[self.family].devices_per_chip if self.kind == "tpu" else 1
+
+    @property
+    def n_devices(self) -> int:
+        """JAX devices the target's programs are partitioned over (meshes use every one): chips × devices_per_chip."""
+        return self.n_chips * self.devices_per_chip
+
+    @property
     def topology_name(self) -> str:
         """libtpu's name for the slice, e.g. v5e:4x4."""
         return f"{TPU_FAMILIES[self.family].libtpu_name}:{'x'.join(map(str, self.shape))}"
@@ -143,7 +161,9 @@ class Target:
     def describe(self) -> str:
         if self.kind == "tpu":
             fam = TPU_FAMILIES[self.family]
-            return (f"{self.n_chips} TPU {self.family} chips, {'x'.join(map(str, self.shape))} "
+            per = (f" ({self.n_devices} devices: {fam.devices_per_chip} TensorCores per chip, one device each)"
+                   if fam.devices_per_chip > 1 else "")
+            return (f"{self.n_chips} TPU {self.family} chips{per}, {'x'.join(map(str, self.shape))} "
                     f"{fam.dims}D torus, compiled by libtpu for compile-only devices")
         return (f"{self.n_chips} {self.family.upper()} GPUs ({self.shape[0]} node(s) x {self.shape[1]}, "
                 "NVLink inside a node)")
@@ -254,9 +274,9 @@ def _quiet_libtpu_env(target: Target) -> None:
     # so several workbench processes (a planner, a test run) may load it side by side
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    accel = {"v5e": "v5litepod", "v6e": "v6e", "v4": "v4", "v5p": "v5p"}[target.family]
-    cores = target.n_chips * (2 if target.family in ("v4", "v5p") else 1)
-    size = cores if target.family in ("v4", "v5p") else target.n_chips  # v4/v5p names count TensorCores
+    accel = {"v5e": "v5litepod", "v6e": "v6e", "v4": "v4", "v5p": "v5p", "v7x": "tpu7x"}[target.family]
+    cores = target.n_chips * (2 if target.family in ("v4", "v5p", "v7x") else 1)
+    size = cores if target.family in ("v4", "v5p", "v7x") else target.n_chips  # v4/v5p/tpu7x names count cores
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{accel}-{size}")
 
 
@@ -278,11 +298,9 @@ def tpu_devices(target_name: str) -> tuple:
 
     default_platform()  # CPU for everything else; libtpu is loaded only as a compiler plugin
     _quiet_libtpu_env(target)
-    from jax.experimental import topologies
-
     fam = TPU_FAMILIES[target.family]
     try:
-        topo = topologies.get_topology_desc(
+        topo = compat.get_topology_desc(
             topology_name=target.topology_name, platform="tpu", chip_config_name=fam.chip_config,
             chips_per_host_bounds=_host_bounds(target), num_slices=1)
     except RuntimeError as e:  # JaxRuntimeError subclasses RuntimeError
@@ -291,10 +309,24 @@ def tpu_devices(target_name: str) -> tuple:
             require_libtpu()
         raise WorkbenchError(f"libtpu rejected topology {target.topology_name}: {msg}") from None
     devices = tuple(topo.devices)
-    if len(devices) != target.n_chips:
-        raise WorkbenchError(f"libtpu made {len(devices)} devices for {target.topology_name}, expected "
-                             f"{target.n_chips} (one per chip)")
+    per_chip = devices_per_chip_of(devices)
+    if len(devices) != target.n_devices or per_chip != fam.devices_per_chip:
+        raise WorkbenchError(f"libtpu made {len(devices)} devices ({per_chip} per chip) for {target.topology_name}, "
+                             f"expected {target.n_devices} ({fam.devices_per_chip} per chip); this libtpu maps "
+                             "devices differently from the one this workbench was checked with")
     return devices
+
+
+def devices_per_chip_of(devices) -> int:
+    """How many of `devices` share one chip, read from their chip coordinates (TPU devices carry `coords`, the
+    chip's position, and `core_on_chip`). 1 when the devices carry no coordinates."""
+    coords = [tuple(getattr(d, "coords", ()) or ()) for d in devices]
+    if not coords or not all(coords):
+        return 1
+    counts = {}
+    for c in coords:
+        counts[c] = counts.get(c, 0) + 1
+    return max(counts.values())
 
 
 GPU_COMPILERS = ("auto", "xla-gpu", "cpu-sim")
@@ -327,10 +359,8 @@ def xla_gpu_devices(target_name: str) -> tuple:
     target = parse_target(target_name)
 
     default_platform()
-    from jax.experimental import topologies
-
     try:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(target.family),
+        topo = compat.get_topology_desc(platform="cuda", target_config=gpu_target_config(target.family),
                                             topology=f"1x{target.shape[0]}x{target.shape[1]}")
     except Exception as e:  # noqa: BLE001 - the plugin's words, one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
               + (f", scale-out {ic.scale_out_bw / 1e9:.1f} GB/s" if ic.scale_out_bw else ""))
         if spec.matrix_unit:
             print(f"  matrix unit           {'×'.join(map(str, spec.matrix_unit))}")
+        if spec.cores_per_chip:
+            src = spec.sources.get("cores_per_chip")
+            print(f"  cores per chip        {spec.cores_per_chip}   [{src.source if src else '?'}, {src.date if src else ''}]")
         for dt in spec.peak_flops:
             print(f"  ridge {dt:15s} {spec.ridge(dt):10.1f} FLOP/byte")
         for n in spec.notes:

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from workbench import compat
 from workbench.cost.report import AnalyticCount
 
 
@@ -62,9 +63,11 @@ def analytic_count(fn, *args, **kwargs) -> AnalyticCount:
 
     closed = jax.make_jaxpr(fn)(*args, **kwargs)
     own_f, own_b = jaxpr_flops(closed.jaxpr)
+    roofline = compat.experimental_roofline()
+    if roofline is None:
+        return AnalyticCount(own_f, own_b, "workbench.cost.analytic.jaxpr_dots",
+                             "jax.experimental.roofline is not in this jax; own rules used")
     try:
-        from jax.experimental import roofline
-
         _, res = roofline.roofline(fn)(*args, **kwargs)
         rf, rb = float(res.flops), float(res.unfused_hbm_bytes)
     except Exception as e:  # rules missing for some primitive, or a tracing corner

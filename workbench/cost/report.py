@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from workbench import compat
 from workbench.cost.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
 
 # glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
@@ -181,22 +182,6 @@ class CostReport:
         }
 
 
-def _cost_dict(raw, notes: list[str]) -> dict[str, float]:
-    """cost_analysis() returns a dict, a list of dicts (one per program) or None depending on the version."""
-    if raw is None:
-        notes.append("cost_analysis returned nothing")
-        return {}
-    if isinstance(raw, (list, tuple)):
-        if len(raw) != 1:
-            notes.append(f"cost_analysis returned {len(raw)} entries; summed")
-        merged: dict[str, float] = defaultdict(float)
-        for d in raw:
-            for k, v in (d or {}).items():
-                merged[k] += v
-        return dict(merged)
-    return dict(raw)
-
-
 def _guard(d: dict, key: str, notes: list[str]) -> float:
     v = d.get(key)
     if v is None:
@@ -212,25 +197,13 @@ def _guard(d: dict, key: str, notes: list[str]) -> float:
 def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, analytic: AnalyticCount | None = None,
                         compute_dtype: str = "float32", hlo_text: str | None = None) -> CostReport:
     """Read a jax `Compiled` (from jit(f).lower(...).compile()) into a per-device CostReport."""
-    notes: list[str] = []
-    try:
-        raw = compiled.cost_analysis()
-    except Exception as e:  # some backends do not implement it
-        raw = None
-        notes.append(f"cost_analysis unavailable: {type(e).__name__}")
-    d = _cost_dict(raw, notes)
+    d, notes = compat.cost_analysis(compiled)  # one dict whatever the version returns; notes say what it took
     flops = _guard(d, "flops", notes)
     trans = d.get("transcendentals", 0.0)
     trans = float(trans) if trans and trans > 0 else 0.0
     bytes_acc = _guard(d, "bytes accessed", notes)
-    mem = {}
-    try:
-        m = compiled.memory_analysis()
-        if m is not None:
-            mem = {k: float(getattr(m, f"{k}_size_in_bytes", 0) or 0)
-                   for k in ("argument", "output", "temp", "alias", "generated_code")}
-    except Exception as e:
-        notes.append(f"memory_analysis unavailable: {type(e).__name__}")
+    mem, mem_notes = compat.memory_analysis(compiled)
+    notes.extend(n for n in mem_notes if "returned nothing" not in n)
     text = hlo_text if hlo_text is not None else compiled.as_text()
     if n_devices is None:
         n_devices = mesh.size if mesh is not None else 1

@@ -385,3 +385,236 @@ CHIPS = {
                                     "MI300X in its datasheet or the ROCm specs table."),
     },
 }
+
+# ---------------------------------------------------------------------------------------------------------------
+# The newest chips (issue 20): TPU v7x (Ironwood), NVIDIA Blackwell Ultra (B300 in HGX, GB300 in the NVL72 rack),
+# AMD MI355X. Read on READ_2026_12 against the stored copies named in each note.
+
+READ_2026_12 = "2026-12-01"
+CLOUD_TPU_7X = "https://docs.cloud.google.com/tpu/docs/tpu7x (TPU7x (Ironwood) system architecture table)"
+CLOUD_TPU_7X_PERF = "https://docs.cloud.google.com/tpu/docs/ironwood-performance (TPU7x performance optimizations)"
+JAX_TPU_INFO = ("jax 0.12.0.1 jax/_src/tpu_info.py, TpuInfo for ChipVersion.TPU_7X (per TensorCore figures; "
+                "https://github.com/jax-ml/jax)")
+NV_HGX_B300 = "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B300 technical specifications)"
+NV_GB300 = "https://www.nvidia.com/en-us/data-center/gb300-nvl72/ (GB300 NVL72 specifications)"
+NV_BLACKWELL_ULTRA_COPY = ("verda.com/blog/gb300-nvl72-architecture ('Per-GPU specifications', dense figures for "
+                           "GB300/GB200/B300/B200 reproduced from NVIDIA's tables)")
+AMD_MI355X = "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html"
+AMD_CDNA4_ISSCC = ("AMD at ISSCC 2026 on MI355X (as reported by world-today-news.com, 2026-02): 32 CUs per XCD x 8 XCDs, "
+                   "FP8 8,192 FLOPs/clock/CU, 'five petaflops' FP8")
+MI355X_FP8 = 8192 * 256 * 2.4e9  # FLOPs/clock/CU x CUs x max clock (AMD_CDNA4_ISSCC); AMD rounds it to 5.0 PF
+ROCM_SPECS_7 = "https://rocm.docs.amd.com/en/7.13.0-preview/reference/gpu-specs.html (MI355X row)"
+
+NO_STORED_NV_BU = ("No stored copy of NVIDIA's own page was found; values checked against copies that reproduce its "
+                   "tables (verda.com GB300 NVL72 architecture blog; glennklockwood.com/garden/processors/B300; "
+                   "fibermall HGX B300 table). ")
+NO_STORED_AMD_355 = ("No stored copy of AMD's product page was found; values checked against copies that reproduce "
+                     "AMD's figures (theregister.com 2025-06-12, humeconsulting.co MI355X analysis, aiwiki MI355X) and "
+                     "the ISSCC derivation below. ")
+TPU7X_CORES_NOTE = ("Per chip. A TPU7x chip is two chiplets, each one TensorCore with its own HBM; libtpu has no "
+                    "megacore config for it and exposes each TensorCore as its own JAX device (get_topology_desc("
+                    "'tpu7x:2x2x1') gives 8 devices for 4 chips, two per chip coordinate). Per-device figures are "
+                    "these / 2 (HardwareSpec.per_device; jax's tpu_info states them per TensorCore the same way).")
+
+CHIPS.update({
+    "tpu-v7x": {
+        "vendor": "Google", "kind": "tpu", "aliases": ["v7x", "tpu7x", "7x", "ironwood", "tpu-ironwood", "tpu-v7"],
+        "tpu_generation": "v7x",
+        "cores_per_chip": _t(2, CLOUD_TPU_7X, "'Each TPU7x chip contains two TensorCores and four SparseCores'; "
+                             "table: 'Number of TensorCores per chip: 2'.", READ_2026_12),
+        "peak_flops": {
+            "bfloat16": _t(2.307e15, CLOUD_TPU_7X, "'Peak compute per chip (BF16) (TFLOPs): 2307' (DESIGN.md's ~2.3e15 "
+                           "verified). jax's tpu_info: 2.31e15 per chip. " + TPU7X_CORES_NOTE, READ_2026_12),
+            "float8_e4m3fn": _t(4.614e15, CLOUD_TPU_7X, "'Peak compute per chip (FP8) (TFLOPs): 4614'; native FP8 in "
+                                "the MXU ('built-in hardware acceleration for FP8', " + CLOUD_TPU_7X_PERF + "). jax's "
+                                "tpu_info lists E4M3FN and E5M2 as MXU operand types for TPU7x.", READ_2026_12),
+            "float8_e5m2": _t(4.614e15, CLOUD_TPU_7X, "Same FP8 rate for E5M2 (the page gives one FP8 figure).",
+                              READ_2026_12),
+            "float32": _t(2.307e15 / 6, CLOUD_TPU_7X, TPU_F32_NOTE, READ_2026_12),
+        },
+        "hbm_bytes": _t(192 * 2**30, CLOUD_TPU_7X, "'HBM capacity per chip (GiB): 192' (launch material: '192 GB'; "
+                        "jax's tpu_info: 206e9 bytes per chip = 192 GiB, split over the two TensorCores). "
+                        + TPU7X_CORES_NOTE, READ_2026_12),
+        "hbm_bw": _t(7.38e12, CLOUD_TPU_7X, "'HBM bandwidth per chip (GB/s): 7380' (launch material 7.37 TB/s; jax's "
+                     "tpu_info 7.4e12).", READ_2026_12),
+        "onchip_bytes": _t(2 * 64 * 2**20, JAX_TPU_INFO, "VMEM 64 MiB per TensorCore x 2 (tpu_info "
+                           "vmem_capacity_bytes); Google's page publishes no VMEM size.", READ_2026_12),
+        "interconnect": {
+            "kind": "ici-torus-3d",
+            "link_bw": _t(1e11, CLOUD_TPU_7X, "'Bidirectional inter-chip interconnect (ICI) bandwidth per chip (GB/s): "
+                          "1200' over 6 torus links = 200 GB/s bidirectional = 100 GB/s one way per link (the same "
+                          "derivation as v5p, whose page prints the same 1200). Google prints only the per-chip total.",
+                          READ_2026_12),
+            "links": _t(6, CLOUD_TPU_7X, "3D torus (64-chip 4x4x4 cubes joined by optical circuit switches, like v4/"
+                        "v5p): 6 nearest neighbours. The link count per chip is not printed on the page; 6 is what a "
+                        "3D torus needs. The two TensorCores of a chip share these links; jax's mesh_utils treats the "
+                        "in-chip 'core' axis as the highest-bandwidth one (die-to-die, not modelled separately).",
+                        READ_2026_12),
+            "latency_s": _t(1e-6, SCALING_TPUS, TPU_LATENCY_NOTE, READ_2026_12),
+            "scale_out_bw": _t(1.25e10, CLOUD_TPU_7X, "'Data center network (DCN) bandwidth per chip (Gb/s): 100' = "
+                               "1.25e10 B/s.", READ_2026_12),
+        },
+        "host_link_bw": _t(None, CLOUD_TPU_7X, "Not published for TPU7x.", READ_2026_12),
+        "matrix_unit": _t((256, 256), JAX_TPU_INFO, "mxu_column_size 256 (256x256 systolic MXUs, as v6e).",
+                          READ_2026_12),
+        "transcendentals_per_s": _t(None, CLOUD_TPU_7X, "Not published for any TPU.", READ_2026_12),
+        "notes": ["int8 is absent: jax's tpu_info gives int8_ops_per_second=0 ('Not Available') for TPU7x and Google "
+                  "prints no int8 figure; int8 matmuls are priced at the bf16 rate.",
+                  "Two TensorCores per chip, one JAX device each: a tpu-v7x:XxYxZ target has 2*X*Y*Z devices; "
+                  "predictions are per device against HardwareSpec.per_device(2) (half of every per-chip figure)."],
+    },
+    # ------------------------------------------------------------------ NVIDIA Blackwell Ultra
+    "b300": {
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["b300-sxm", "hgx-b300", "dgx-b300", "blackwell-ultra"],
+        "peak_flops": {
+            "float32": _t(7.5e13, NV_HGX_B300, NO_STORED_NV_BU + "HGX B300: FP32 600 TFLOPS for 8 GPUs = 75 per GPU "
+                          "(CUDA cores; vendor figure is dense).", READ_2026_12),
+            "tf32": _t(1.125e15, NV_HGX_B300, NO_STORED_NV_BU + "TF32 Tensor Core 18 PFLOPS with sparsity for 8 GPUs "
+                       "-> 2.25 sparse -> 1.125 dense per GPU (verda: 1.1). SPARSE-ONLY in the vendor table.",
+                       READ_2026_12),
+            "bfloat16": _t(2.25e15, NV_HGX_B300, NO_STORED_NV_BU + "FP16/BF16 Tensor Core 36 PFLOPS with sparsity for "
+                           "8 GPUs -> 4.5 sparse -> 2.25 dense per GPU (verda: 2.25). SPARSE-ONLY in the vendor "
+                           "table.", READ_2026_12),
+            "float16": _t(2.25e15, NV_HGX_B300, NO_STORED_NV_BU + "As bfloat16 (sparse-only in the vendor table).",
+                          READ_2026_12),
+            "float8_e4m3fn": _t(4.5e15, NV_HGX_B300, NO_STORED_NV_BU + "FP8/FP6 Tensor Core 72 PFLOPS with sparsity "
+                                "for 8 GPUs -> 9 sparse -> 4.5 dense per GPU (verda: 4.5). SPARSE-ONLY in the "
+                                "vendor table.", READ_2026_12),
+            "float8_e5m2": _t(4.5e15, NV_HGX_B300, NO_STORED_NV_BU + "Same FP8 rate for E5M2.", READ_2026_12),
+            "float6_e2m3fn": _t(4.5e15, NV_HGX_B300, NO_STORED_NV_BU + "FP6 shares the FP8 row ('FP8/FP6 Tensor "
+                                "Core'): 4.5 dense per GPU; sparse-only in the vendor table.", READ_2026_12),
+            "float6_e3m2fn": _t(4.5e15, NV_HGX_B300, NO_STORED_NV_BU + "As float6_e2m3fn.", READ_2026_12),
+            "float4_e2m1fn": _t(1.35e16, NV_HGX_B300, NO_STORED_NV_BU + "FP4 Tensor Core '144 PFLOPS | 108 PFLOPS' "
+                                "(sparse | dense) for 8 GPUs -> 13.5 dense per GPU. NVIDIA prints FP4 both ways; "
+                                "verda's per-GPU table rounds to 14, glennklockwood's copy has 13.1.", READ_2026_12),
+            "int8": _t(1.5e14, NV_BLACKWELL_ULTRA_COPY, "Blackwell Ultra cut the INT8 tensor rate: verda's per-GPU "
+                       "table gives B300 INT8 0.15 POPS dense (GB300 0.165; B200 4.5). The HGX table prints INT8 "
+                       "sparse-only (fibermall copy: '2 POPS' for the platform). Low confidence: no NVIDIA page "
+                       "copy.", READ_2026_12),
+        },
+        "hbm_bytes": _t(270e9, NV_BLACKWELL_ULTRA_COPY, "B300 in HGX: 270 GB HBM3E per GPU usable (verda table; "
+                        "HGX B300 'up to 2.1 TB' for 8). The package carries 288 GB (8 x 12-high stacks; DGX B300 "
+                        "2.3 TB = 8 x 288); 270 is what the HGX table states per GPU.", READ_2026_12),
+        "hbm_bw": _t(7.7e12, NV_BLACKWELL_ULTRA_COPY, "7.7 TB/s per GPU in HGX B300 (verda table); 'up to 8 TB/s' "
+                     "for GB300 and in launch material.", READ_2026_12),
+        "onchip_bytes": _t(None, NV_HGX_B300, "NVIDIA publishes no L2 or shared-memory totals for B300.",
+                           READ_2026_12),
+        "interconnect": {
+            "kind": "nvlink",
+            "link_bw": _t(5e10, NV_HGX_B300, NO_STORED_NV_BU + "Fifth-generation NVLink, 'NVSwitch GPU-to-GPU "
+                          "bandwidth 1.8 TB/s' per GPU (bidirectional) = 18 links x 50 GB/s one way; total NVLink "
+                          "14.4 TB/s for 8 GPUs.", READ_2026_12),
+            "links": _t(18, NV_HGX_B300, "18 NVLink 5 links per GPU (as B200).", READ_2026_12),
+            "latency_s": _t(3.4e-6, NCCL_TUNING, NCCL_LAT_NOTE + " Not specific to NVLink 5.", READ_2026_12),
+            "scale_out_bw": _t(1e11, NV_HGX_B300, NO_STORED_NV_BU + "ConnectX-8 SuperNIC, 800 Gb/s per GPU "
+                               "('networking bandwidth 1.6 TB/s' for 8 GPUs, bidirectional) = 1e11 B/s one way. "
+                               "System-dependent.", READ_2026_12),
+        },
+        "host_link_bw": _t(1.28e11, NV_HGX_B300, NO_STORED_NV_BU + "PCIe Gen6 x16 (glennklockwood copy: 'upgrade to "
+                           "PCIe Gen6'): 128 GB/s one way.", READ_2026_12),
+        "matrix_unit": _t((64, 64), NV_MATMUL_GUIDE, "Alignment rule carried over from Hopper (128 bytes, 2-byte "
+                          "elements), as b200: a lower bound for tcgen05 tiles.", READ_2026_12),
+        "transcendentals_per_s": _t(1.07e13, NV_BLACKWELL_ULTRA_COPY, "'Attention acceleration (SFU EX2) 10.7 "
+                                    "TeraExponentials/s' for B300 and GB300 (B200: 5): Blackwell Ultra doubled the "
+                                    "SFU exp2 rate. exp2 only; other special functions not stated.", READ_2026_12),
+        "notes": ["SPARSE-ONLY in NVIDIA's table: TF32, FP16/BF16, FP8/FP6 and INT8 tensor figures carry the "
+                  "'with sparsity' footnote and are halved here; FP4 is printed both sparse and dense; FP32 is dense."],
+    },
+    "gb300": {
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["gb300-nvl72", "b300-nvl72", "grace-blackwell-ultra"],
+        "peak_flops": {
+            "float32": _t(8.0e13, NV_GB300, NO_STORED_NV_BU + "GB300 NVL72 per GPU: FP32 80 TFLOPS (verda; the rack's "
+                          "6 PFLOPS over 72 = 83; the higher power envelope of the NVL72 rack).", READ_2026_12),
+            "tf32": _t(1.25e15, NV_GB300, NO_STORED_NV_BU + "TF32 Tensor Core 180 PFLOPS sparse for 72 GPUs -> 2.5 "
+                       "sparse -> 1.25 dense per GPU (verda: 1.25). SPARSE-ONLY in the vendor table.", READ_2026_12),
+            "bfloat16": _t(2.5e15, NV_GB300, NO_STORED_NV_BU + "FP16/BF16 Tensor Core 360 PFLOPS sparse for 72 GPUs "
+                           "-> 5 sparse -> 2.5 dense per GPU (verda rack aggregate: 180 dense). SPARSE-ONLY in the "
+                           "vendor table.", READ_2026_12),
+            "float16": _t(2.5e15, NV_GB300, NO_STORED_NV_BU + "As bfloat16.", READ_2026_12),
+            "float8_e4m3fn": _t(5e15, NV_GB300, NO_STORED_NV_BU + "FP8/FP6 Tensor Core 720 PFLOPS sparse for 72 GPUs "
+                                "-> 10 sparse -> 5 dense per GPU (rack: '360 PF FP8 for training', dense). "
+                                "SPARSE-ONLY in the vendor table.", READ_2026_12),
+            "float8_e5m2": _t(5e15, NV_GB300, NO_STORED_NV_BU + "Same FP8 rate for E5M2.", READ_2026_12),
+            "float6_e2m3fn": _t(5e15, NV_GB300, NO_STORED_NV_BU + "FP6 shares the FP8 row.", READ_2026_12),
+            "float6_e3m2fn": _t(5e15, NV_GB300, NO_STORED_NV_BU + "As float6_e2m3fn.", READ_2026_12),
+            "float4_e2m1fn": _t(1.5e16, NV_GB300, NO_STORED_NV_BU + "FP4 Tensor Core '1,440 | 1,080 PFLOPS' (sparse | "
+                                "dense) for 72 GPUs -> 15 dense per GPU (verda: 15; '1.1 EF dense FP4').",
+                                READ_2026_12),
+            "int8": _t(1.65e14, NV_BLACKWELL_ULTRA_COPY, "INT8 0.165 POPS dense per GPU (verda); the rack table prints "
+                       "INT8 sparse only (23-24 POPS for 72). Low confidence: no NVIDIA page copy.", READ_2026_12),
+        },
+        "hbm_bytes": _t(279e9, NV_BLACKWELL_ULTRA_COPY, "279 GB HBM3E per GPU usable (verda table; rack 'up to 20 TB' "
+                        "/ 72 = 278-288 depending on the revision; the package carries 288 GB).", READ_2026_12),
+        "hbm_bw": _t(8e12, NV_GB300, NO_STORED_NV_BU + "Rack 576 TB/s / 72 = 8 TB/s per GPU (verda: 8).",
+                     READ_2026_12),
+        "onchip_bytes": _t(None, NV_GB300, "NVIDIA publishes no L2 or shared-memory totals for Blackwell Ultra.",
+                           READ_2026_12),
+        "interconnect": {
+            "kind": "nvlink",
+            "link_bw": _t(5e10, NV_GB300, NO_STORED_NV_BU + "NVLink 5: rack 130 TB/s / 72 = 1.8 TB/s per GPU "
+                          "(bidirectional) = 18 x 50 GB/s one way. One NVLink domain spans all 72 GPUs (the "
+                          "collective model's 8-GPU node boundary does not apply; GB300 is not a prediction target).",
+                          READ_2026_12),
+            "links": _t(18, NV_GB300, "18 NVLink 5 links per GPU.", READ_2026_12),
+            "latency_s": _t(3.4e-6, NCCL_TUNING, NCCL_LAT_NOTE + " Not specific to NVLink 5.", READ_2026_12),
+            "scale_out_bw": _t(1e11, NV_GB300, NO_STORED_NV_BU + "72 ConnectX-8 SuperNICs, 800 Gb/s per GPU = 1e11 "
+                               "B/s one way.", READ_2026_12),
+        },
+        "host_link_bw": _t(None, NV_GB300, "The GPU reaches its Grace CPU over NVLink-C2C, not PCIe; no per-GPU "
+                           "one-way figure stored here.", READ_2026_12),
+        "matrix_unit": _t((64, 64), NV_MATMUL_GUIDE, "As b300.", READ_2026_12),
+        "transcendentals_per_s": _t(1.07e13, NV_BLACKWELL_ULTRA_COPY, "SFU EX2 10.7 TeraExponentials/s (as B300).",
+                                    READ_2026_12),
+        "notes": ["SPARSE-ONLY in NVIDIA's GB300 NVL72 table: TF32, FP16/BF16, FP8/FP6, INT8 (halved here); FP4 "
+                  "printed sparse and dense; FP32 dense. Per-GPU figures are the rack's / 72."],
+    },
+    # ------------------------------------------------------------------ AMD CDNA4
+    "mi355x": {
+        "vendor": "AMD", "kind": "gpu", "aliases": ["mi355", "instinct-mi355x", "amd-mi355x"],
+        "peak_flops": {
+            "float32": _t(1.573e14, AMD_MI355X, NO_STORED_AMD_355 + "Peak FP32 vector 157.3 TFLOPs (dense).",
+                          READ_2026_12),
+            "bfloat16": _t(MI355X_FP8 / 2, AMD_MI355X, NO_STORED_AMD_355 + "Peak BF16 matrix 2.5 PFLOPs dense (5.0 with "
+                           "sparsity) = half the FP8 rate below.", READ_2026_12),
+            "float16": _t(MI355X_FP8 / 2, AMD_MI355X, NO_STORED_AMD_355 + "As bfloat16.", READ_2026_12),
+            "float8_e4m3fn": _t(MI355X_FP8, AMD_CDNA4_ISSCC, NO_STORED_AMD_355 + "8,192 FLOPs/clock/CU x 256 CUs x "
+                                "2.4 GHz (MI355X max clock) = 5.03e15 dense ('five petaflops'; AMD: 5.0 PF dense, "
+                                "10.1 with sparsity). CDNA4 FP8 is OCP E4M3FN/E5M2 (CDNA3's FNUZ formats were "
+                                "replaced).", READ_2026_12),
+            "float8_e5m2": _t(MI355X_FP8, AMD_CDNA4_ISSCC, "Same FP8 rate for E5M2.", READ_2026_12),
+            "float6_e2m3fn": _t(2 * MI355X_FP8, AMD_MI355X, NO_STORED_AMD_355 + "MXFP6 runs at the MXFP4 rate on CDNA4: "
+                                "10.1 PF dense (theregister: 'up to 10 petaFLOPS' FP4/FP6). Unlike NVIDIA, AMD "
+                                "prices FP6 like FP4, not like FP8.", READ_2026_12),
+            "float6_e3m2fn": _t(2 * MI355X_FP8, AMD_MI355X, NO_STORED_AMD_355 + "As float6_e2m3fn.", READ_2026_12),
+            "float4_e2m1fn": _t(2 * MI355X_FP8, AMD_MI355X, NO_STORED_AMD_355 + "MXFP4 10.1 PF dense (2x FP8). AMD "
+                                "publishes no sparse FP4/FP6 figure.", READ_2026_12),
+            "int8": _t(MI355X_FP8, AMD_MI355X, NO_STORED_AMD_355 + "Peak INT8 5.0 POPs dense (10.1 sparse).",
+                       READ_2026_12),
+        },
+        "hbm_bytes": _t(288e9, AMD_MI355X, NO_STORED_AMD_355 + "'288 GB HBM3E' (ROCm specs table prints 288 as GiB; "
+                        "AMD's page says GB).", READ_2026_12),
+        "hbm_bw": _t(8e12, AMD_MI355X, NO_STORED_AMD_355 + "'8 TB/s' peak memory bandwidth.", READ_2026_12),
+        "onchip_bytes": _t(256 * 160 * 1024 + 32 * 2**20, ROCM_SPECS_7,
+                           "LDS+L2: 256 CUs x 160 KiB LDS + 32 MiB L2 (4 MiB per XCD). The 256 MiB Infinity Cache "
+                           "(memory-side last level) is not included.", READ_2026_12),
+        "interconnect": {
+            "kind": "infinity-fabric",
+            "link_bw": _t(7.68e10, AMD_MI355X, NO_STORED_AMD_355 + "Infinity Fabric (xGMI) link 153.6 GB/s "
+                          "bidirectional (humeconsulting: '~153 GB/s') -> 76.8 GB/s one way.", READ_2026_12),
+            "links": _t(7, AMD_MI355X, NO_STORED_AMD_355 + "7 links: fully connected 8-GPU UBB platform, one link per "
+                        "peer (as MI300X).", READ_2026_12),
+            "latency_s": _t(3.4e-6, NCCL_TUNING, NCCL_LAT_NOTE + " RCCL's MI355X tuning was not checked.",
+                            READ_2026_12),
+            "scale_out_bw": _t(5e10, AMD_MI355X, NO_STORED_AMD_355 + "400 Gb/s NIC per GPU (Pollara 400 in AMD's "
+                               "reference platform) = 5e10 B/s one way. System-dependent.", READ_2026_12),
+        },
+        "host_link_bw": _t(6.4e10, AMD_MI355X, NO_STORED_AMD_355 + "PCIe Gen5 x16, 128 GB/s both directions = 64 GB/s "
+                           "one way.", READ_2026_12),
+        "matrix_unit": _t((16, 16), MODULAR_TC, "Smallest MFMA half-precision tile (16x16xK), as MI300X; CDNA4 "
+                          "doubles K per instruction.", READ_2026_12),
+        "transcendentals_per_s": _t(None, ROCM_SPECS_7, "AMD publishes no special-function rate for MI355X.",
+                                    READ_2026_12),
+        "notes": ["AMD prints dense figures with sparse ones beside them (no figure is sparse-only); FP6 runs at "
+                  "the FP4 rate on CDNA4."],
+    },
+})

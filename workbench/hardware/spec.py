@@ -98,6 +98,8 @@ class HardwareSpec:
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None
     notes: tuple[str, ...] = ()
+    cores_per_chip: int | None = None  # TensorCores per chip where the catalogue records it (TPU v7x: 2)
+    devices_per_chip: int = 1  # JAX devices this spec's figures are divided over (see per_device)
 
     def peak(self, dtype) -> float:
         """Dense peak FLOP/s for `dtype`. A dtype the chip has no units for runs at the next wider format's rate
@@ -110,6 +112,8 @@ class HardwareSpec:
         chain = {"float8_e4m3fn": ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "bfloat16", "float32"],
                  "float8_e5m2": ["float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn", "bfloat16", "float32"],
                  "float4_e2m1fn": ["float4_e2m1fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
+                 "float6_e2m3fn": ["float6_e2m3fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
+                 "float6_e3m2fn": ["float6_e3m2fn", "float8_e5m2", "float8_e5m2fnuz", "bfloat16", "float32"],
                  "int8": ["int8", "bfloat16", "float32"],
                  "float16": ["float16", "bfloat16", "float32"],
                  "bfloat16": ["bfloat16", "float32"],
@@ -122,6 +126,27 @@ class HardwareSpec:
     def ridge(self, dtype) -> float:
         """Arithmetic intensity (FLOP/byte) where compute and memory time are equal."""
         return self.peak(dtype) / self.hbm_bw
+
+    def per_device(self, devices_per_chip: int) -> HardwareSpec:
+        """The share of one JAX device when libtpu exposes each chip as `devices_per_chip` devices (TPU v7x: one
+        device per TensorCore, two per chip). Peaks, HBM capacity and bandwidth, on-chip memory, transcendental rate
+        and the chip's links (ICI and DCN, which the cores share) are divided evenly; per-device costs are then
+        compared with per-device ceilings, and device × devices_per_chip gives back the chip. 1 returns self."""
+        k = int(devices_per_chip)
+        if k == 1:
+            return self
+        if k < 1:
+            raise WorkbenchError(f"devices_per_chip must be >= 1, got {k}")
+        ic = self.interconnect
+        div = (lambda v: None if v is None else v / k)
+        return dataclasses.replace(
+            self, name=f"{self.name}/device", peak_flops={d: v / k for d, v in self.peak_flops.items()},
+            hbm_bytes=self.hbm_bytes / k, hbm_bw=self.hbm_bw / k, onchip_bytes=div(self.onchip_bytes),
+            host_link_bw=div(self.host_link_bw), transcendentals_per_s=div(self.transcendentals_per_s),
+            interconnect=dataclasses.replace(ic, link_bw=ic.link_bw / k, scale_out_bw=div(ic.scale_out_bw)),
+            devices_per_chip=self.devices_per_chip * k,
+            notes=self.notes + (f"per JAX device: every per-chip figure of {self.name} / {k} ({k} devices per chip; "
+                                "the sources give the chip's figures)",))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -155,7 +180,8 @@ def _from_catalogue(name: str, c: dict) -> HardwareSpec:
         host_link_bw=_val(c.get("host_link_bw"), "", src, "host_link_bw"),
         matrix_unit=tuple(mu) if mu else None,
         transcendentals_per_s=_val(c.get("transcendentals_per_s"), "", src, "transcendentals_per_s"),
-        sources=src, aliases=tuple(c.get("aliases", ())), tpu_generation=c.get("tpu_generation"))
+        sources=src, aliases=tuple(c.get("aliases", ())), tpu_generation=c.get("tpu_generation"),
+        notes=tuple(c.get("notes", ())), cores_per_chip=_val(c.get("cores_per_chip"), "", src, "cores_per_chip"))
 
 
 def catalogue() -> dict[str, HardwareSpec]:

@@ -21,6 +21,7 @@ from models.precision import get_policy
 from partitioning.mesh import make_mesh
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
+from workbench import compat
 from workbench.cost.compile import compile_program
 from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import check_fits
@@ -64,9 +65,9 @@ def route_stats(tokens: int, experts: int, top_k: int, capacity_factor: float | 
 
     # the compiler's own count of what the routing program holds, checked before anything is allocated
     compiled = jax.jit(run).lower(jax.ShapeDtypeStruct((ep, t_loc, experts), jnp.float32)).compile()
-    ma = compiled.memory_analysis()
-    if ma is not None:
-        need = sum(float(getattr(ma, f"{k}_size_in_bytes", 0) or 0) for k in ("argument", "output", "temp"))
+    ma, _ = compat.memory_analysis(compiled)
+    if ma:
+        need = sum(ma[k] for k in ("argument", "output", "temp"))
         check_fits(need, f"routing {tokens} tokens over {experts} experts", "route fewer --tokens")
     logits = synthetic_logits(tokens, experts, skew, seed).reshape(ep, t_loc, experts)
     sums, stats = compiled(logits)
@@ -133,7 +134,7 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
         shardings = state_shardings(abs_state, mesh, rules)
 
         def fwd(state, x):
-            with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
                 blk = nnx.merge(graphdef, state)
                 y, aux = blk(x)
                 return y, aux

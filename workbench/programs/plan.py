@@ -33,7 +33,7 @@ from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import enable_compilation_cache
 from workbench.programs import predict as wp
-from workbench.results.store import Store, make_record
+from workbench.results.store import Store, make_record, versions
 
 REMATS = ("none", "per-layer")
 MICROBATCHES = (1, 2, 4)
@@ -55,7 +55,7 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
             raise WorkbenchError(f"unknown strategy {s!r}; choose from {', '.join(all_strategies())}")
     tiers: list[list[wp.PredictSpec]] = [[], [], []]
     for s in strats:
-        for axes in get_strategy(s).mesh_candidates(t.n_chips, cfg, seq):
+        for axes in get_strategy(s).mesh_candidates(t.n_devices, cfg, seq):
             nb = get_strategy(s).batch_ways(axes)
             if batch % nb:
                 continue
@@ -76,16 +76,8 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
 
 
 def _versions() -> str:
-    import jax
-    import jaxlib
-
-    try:
-        from importlib.metadata import version
-
-        tpu = version("libtpu")
-    except Exception:  # noqa: BLE001
-        tpu = "none"
-    return f"jax={jax.__version__};jaxlib={jaxlib.__version__};libtpu={tpu}"
+    v = versions()
+    return ";".join(f"{k}={v.get(k) or 'none'}" for k in ("jax", "jaxlib", "libtpu", "jax_cuda12_plugin"))
 
 
 def cache_key(lw: wp.Lowered) -> str:
@@ -326,7 +318,7 @@ def summarize(preset: str, t: topo.Target, cands, outcomes: list[Outcome], total
     invalid = [o for o in outcomes if o.status == "invalid"]
     first = cands[0] if cands else None
     out: dict[str, Any] = {
-        "preset": preset, "target": t.name, "n_chips": t.n_chips, "compiler": compiler,
+        "preset": preset, "target": t.name, "n_chips": t.n_chips, "n_devices": t.n_devices, "compiler": compiler,
         "batch": first.batch if first else None, "seq": first.seq if first else None,
         "candidates_enumerated": total, "candidates_tried": len(outcomes), "n_feasible": len(ranked),
         "n_does_not_fit": len(unfit), "n_invalid": len(invalid), "workers": workers, "elapsed_s": elapsed,

@@ -39,6 +39,7 @@ from partitioning.mesh import make_mesh, parse_mesh_spec
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
 from partitioning.strategy import get_strategy
+from workbench import compat
 from workbench.cost.compile import is_resource_exhausted
 from workbench.cost.report import costs_from_compiled
 from workbench.errors import WorkbenchError
@@ -81,9 +82,8 @@ def default_batch(n_chips: int) -> int:
 # ---------------------------------------------------------------------------------------------- hardware spec
 
 
-def target_spec(target: topo.Target):
-    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias."""
-
+def chip_spec(target: topo.Target):
+    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias: per chip."""
     last = None
     for name in target.spec_names:
         try:
@@ -92,6 +92,12 @@ def target_spec(target: topo.Target):
             last = e
     raise WorkbenchError(f"no hardware catalogue entry for {target.family} (tried {', '.join(target.spec_names)}): "
                          f"{last}")
+
+
+def target_spec(target: topo.Target):
+    """The HardwareSpec one JAX device of the target gets: the chip's, or its share where a chip is several devices
+    (TPU v7x: two TensorCores, two devices; every figure halved, HardwareSpec.per_device). Costs are per device."""
+    return chip_spec(target).per_device(target.devices_per_chip)
 
 
 # ------------------------------------------------------------------------------------------------- programs
@@ -182,7 +188,7 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
 
     def step(params, rest, tokens_bt, cache):
-        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             model = nnx.merge(graphdef, params, rest)
             if mode == "prefill":
                 logits_btv, cache = inference.prefill(model, tokens_bt, max_len=seq, cache=cache)
@@ -235,8 +241,8 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
 
         axes = parse_mesh_spec(spec.mesh)
     else:
-        axes = get_strategy(spec.strategy).default_mesh(target.n_chips, cfg)
-    topo.check_mesh_size(axes, target.n_chips, target.name)
+        axes = get_strategy(spec.strategy).default_mesh(target.n_devices, cfg)
+    topo.check_mesh_size(axes, target.n_devices, target.name)
     nb = get_strategy(spec.strategy).batch_ways(axes)
     batch = spec.batch if spec.batch is not None else default_batch(target.n_chips)
     if batch < 1:
@@ -294,13 +300,10 @@ def compile_lowered(lw: Lowered):
 
 def xla_estimate(compiled) -> tuple[float | None, str | None]:
     """The compiler's own time estimate (`optimal_seconds`, TPU) when positive; else None and why."""
-    try:
-        raw = compiled.cost_analysis()
-    except Exception as e:  # noqa: BLE001
-        return None, f"cost_analysis unavailable ({type(e).__name__}): no compiler time estimate"
-    if isinstance(raw, (list, tuple)):
-        raw = raw[0] if raw else {}
-    v = (raw or {}).get("optimal_seconds")
+    raw, why = compat.cost_analysis(compiled)
+    if not raw and why and "unavailable" in why[0]:
+        return None, f"{why[0]}: no compiler time estimate"
+    v = raw.get("optimal_seconds")
     if v is None:
         return None, "the compiler gives no time estimate for this platform (no optimal_seconds)"
     v = float(v)
@@ -344,16 +347,17 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
     """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
 
     target, spec = lw.target, lw.spec
-    hw = target_spec(target)
-    n = target.n_chips
+    hw = target_spec(target)  # per device (the chip's share on v7x)
+    n = target.n_devices
     tokens = lw.batch * (lw.seq if spec.mode != "decode" else 1)
     mflops, mflops_how = model_flops(lw.cfg, spec.mode, lw.batch, lw.seq)
     peak_bf16 = hw.peak("bfloat16")
-    floor_s = mflops / (n * peak_bf16)
+    floor_s = mflops / (n * peak_bf16)  # = mflops / (chips × chip peak)
     notes = list(lw.notes)
     compute_dtype = _policy_dtype(spec.policy)
     out: dict[str, Any] = {
-        "target": target.name, "target_kind": target.kind, "chip": hw.name, "n_chips": n,
+        "target": target.name, "target_kind": target.kind, "chip": chip_spec(target).name, "n_chips": target.n_chips,
+        "n_devices": n, "devices_per_chip": target.devices_per_chip, "device_spec": hw.name,
         "target_description": target.describe(),
         "preset": spec.preset, "strategy": spec.strategy, "mode": spec.mode,
         "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
@@ -447,7 +451,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                   f"{hw.interconnect.kind} (link {hw.interconnect.link_bw:.3g} B/s × {hw.interconnect.links}"
                   f"{', torus axes ' + str(k) if target.kind == 'tpu' else ''}); partitioning/collectives.py",
         "roofline_s": "workbench.roofline.prediction.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
-        "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} chips × {peak_bf16:.4g} bf16 FLOP/s)",
+        "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} devices × {peak_bf16:.4g} bf16 FLOP/s)",
         "predicted_step_s": "max(roofline_s, analytic_floor_s)",
         "predicted_mfu": "analytic_floor_s / predicted_step_s",
         "xla_estimate_s": "the compiler's cost_analysis optimal_seconds (TPU), when positive",

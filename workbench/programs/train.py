@@ -36,6 +36,7 @@ from models.quant import matmul_format
 from models.transformer import Transformer
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
+from workbench import compat
 from workbench.cost.compile import compile_program
 from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
@@ -212,7 +213,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
         return l / microbatches, mean(a), rest, mean(g), mean(m)
 
     def train_step(state, batch):
-        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             ls_state = state.get("loss_scale")
             loss, aux, rest, grads, gmeta = loss_and_grads(state["params"], state["gmeta"], state["rest"], batch,
                                                            ls_state)
@@ -230,13 +231,13 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
             return new_state, metrics
 
     def eval_step(params, gmeta, rest, batch):
-        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             model = nnx.merge(graphdef, params, gmeta, rest)
             logits_btv, _ = model(batch["inputs"])
             return cross_entropy(logits_btv, batch["targets"])
 
     def grads_only(params, gmeta, rest, batch):
-        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             ls_state = loss_scaling.init() if loss_scaling is not None else None
             loss, _, _, grads, _ = loss_and_grads(params, gmeta, rest, batch, ls_state)
             return loss, grads

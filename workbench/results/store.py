@@ -1,12 +1,15 @@
 """The one results store: append-only JSON Lines, one record per experiment.
 
 record = {id, kind, time, spec, costs, prediction, measurement, extra, provenance}
+provenance carries the software (`versions()`: jax, jaxlib, libtpu, flax, optax, orbax-checkpoint, the CUDA plugin
+when installed, Python); `Store.compare()` lines up the same experiment (kind + spec) across them.
 Writes take an exclusive lock and go out as one write() of one complete line followed by fsync, so a crash never
 leaves a half record; a file whose last line is incomplete (a crash from outside, a hand edit) is refused with a
 one-line error rather than appended to or silently skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import fcntl
 import hashlib
@@ -137,6 +140,108 @@ class Store:
             slim.append(r)
         return pd.json_normalize(slim, max_level=2)
 
+    def compare(self, *, experiment: str | None = None, kind: str | None = None,
+                metrics: tuple[str, ...] | None = None, every: bool = False) -> list[Comparison]:
+        """The same experiment under different software: records grouped by experiment_key (kind + spec), then by
+        the VERSION_KEYS of their provenance; each metric (a dotted path into the record) is the median over that
+        group's records. `experiment`: a key or a record id (prefix) whose experiment to show. Without it, only
+        experiments recorded under two or more version sets are returned (every=True: all)."""
+        recs = self.records(kind)
+        if experiment:
+            hit = [r for r in recs if experiment_key(r) == experiment or str(r.get("id", "")).startswith(experiment)]
+            if not hit:
+                raise WorkbenchError(f"no record or experiment {experiment!r} in {self.path}; `workbench results "
+                                     "list` shows record ids")
+            key = experiment_key(hit[0])
+            recs = [r for r in recs if experiment_key(r) == key]
+        metrics = tuple(metrics or DEFAULT_METRICS)
+        groups: dict[str, list[dict]] = {}
+        for r in recs:
+            groups.setdefault(experiment_key(r), []).append(r)
+        out = []
+        for key, rs in groups.items():
+            by_v: dict[tuple, list[dict]] = {}
+            for r in rs:
+                by_v.setdefault(version_tuple(r), []).append(r)
+            if len(by_v) < 2 and not (every or experiment):
+                continue
+            rows = []
+            for vt, group in sorted(by_v.items(), key=lambda kv: _version_sort_key(kv[0])):
+                vals = {}
+                for m in metrics:
+                    xs = [x for x in (_dig(r, m) for r in group) if isinstance(x, (int, float)) and math.isfinite(x)]
+                    if xs:
+                        xs.sort()
+                        mid = len(xs) // 2
+                        vals[m] = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+                rows.append(VersionRow(dict(zip(VERSION_KEYS, vt)), len(group), vals,
+                                       tuple(str(r.get("id")) for r in group)))
+            out.append(Comparison(key, str(rs[0].get("kind")), rs[0].get("spec") or {}, tuple(rows)))
+        return out
+
+
+VERSION_KEYS = ("jax", "jaxlib", "libtpu", "flax")
+DEFAULT_METRICS = ("measurement.median_s", "prediction.predicted_s", "costs.flops", "costs.bytes_accessed",
+                   "costs.memory.peak_bytes", "extra.predicted_step_s", "extra.memory_per_device_bytes",
+                   "extra.xla_estimate_s", "extra.tokens_per_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionRow:
+    """One software version set of one experiment: how many records, and each metric's median over them."""
+
+    versions: dict  # VERSION_KEYS -> version string (None: not installed / not recorded)
+    n: int
+    metrics: dict  # dotted metric path -> median
+    record_ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One experiment (kind + spec) across the software it was recorded with, oldest jax first."""
+
+    experiment: str
+    kind: str
+    spec: dict
+    rows: tuple[VersionRow, ...]
+
+    def ratios(self) -> dict[str, float]:
+        """Each metric of the newest version set over the oldest's (where both have it)."""
+        if len(self.rows) < 2:
+            return {}
+        a, b = self.rows[0].metrics, self.rows[-1].metrics
+        return {m: b[m] / a[m] for m in a if m in b and a[m]}
+
+    def to_record(self) -> dict:
+        return {"experiment": self.experiment, "kind": self.kind, "spec": self.spec,
+                "rows": [dataclasses.asdict(r) for r in self.rows], "newest_over_oldest": self.ratios()}
+
+
+def experiment_key(record: dict) -> str:
+    """What makes two records the same experiment: their kind and spec (12 hex digits of a hash)."""
+    blob = json.dumps({"kind": record.get("kind"), "spec": record.get("spec")}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def version_tuple(record: dict) -> tuple:
+    prov = record.get("provenance") or {}
+    return tuple(prov.get(k) for k in VERSION_KEYS)
+
+
+def _version_sort_key(vt: tuple) -> tuple:
+    def num(v):
+        return tuple(int(p) if p.isdigit() else 0 for p in str(v).split(".")) if v else ()
+    return tuple(num(v) for v in vt)
+
+
+def _dig(record: dict, path: str):
+    cur: Any = record
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
 
 def git_info() -> dict:
     """The code's commit and whether the work tree has uncommitted changes to tracked files (None outside git)."""
@@ -158,26 +263,35 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+# the software a record was produced with (None: not installed); keys are distribution names with '-' as '_'
+VERSIONED = ("jax", "jaxlib", "libtpu", "flax", "optax", "orbax-checkpoint", "chex", "numpy")
+VERSIONED_IF_PRESENT = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
+
+
+def versions() -> dict:
+    """Python and the JAX stack, from the installed distributions (no JAX import): what every record's provenance
+    carries and what Store.compare groups by (VERSION_KEYS)."""
+    out = {"python": platform.python_version()}
+    for pkg in VERSIONED + VERSIONED_IF_PRESENT:
+        v = _version(pkg)
+        if v is not None or pkg in VERSIONED:
+            out[pkg.replace("-", "_")] = v
+    return out
+
+
 def provenance(seed: int | None = None) -> dict:
     """Where a record came from: code (commit, dirty flag), packages (jax, jaxlib, libtpu, flax), XLA flags, host and
     its calibration fingerprint, devices, date; and, inside `workbench sweep`, the sweep and point it belongs to."""
     import jax  # noqa: PLC0415 - the store itself stays importable without JAX (fast CLI start-up)
-    import jaxlib  # noqa: PLC0415
 
-    try:
-        import flax
-
-        flax_v = flax.__version__
-    except Exception:
-        flax_v = None
     devs = jax.devices()
     return {
-        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax_v,
+        **versions(),
         "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(), "python": platform.python_version(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **git_info(),
-        "libtpu": _version("libtpu"), "host_fingerprint": host_fingerprint(),
+        "host_fingerprint": host_fingerprint(),
         **({"sweep": json.loads(os.environ["WORKBENCH_SWEEP"])} if os.environ.get("WORKBENCH_SWEEP") else {}),
     }
 

@@ -1,0 +1,145 @@
+"""The one place for what differs between the JAX versions the workbench runs on.
+
+Ground floor: imports jax, numpy and the standard library, nothing from the project. Code elsewhere calls these
+names instead of testing versions. Two locks are supported (Makefile): jax 0.12 on Python >= 3.12 (the default,
+`requirements.lock`) and jax 0.10 on Python 3.11 (`requirements-py311.lock`; jax stopped supporting 3.11 after
+0.10). Checked on jax/jaxlib 0.10.2 + libtpu 0.0.42.1 and on jax/jaxlib 0.12.0.1 + libtpu 0.0.52:
+
+- shard_map: `jax.shard_map` in both; `jax.experimental.shard_map` warns (deprecated since 0.8). -> `shard_map`
+- mesh axis types: `jax.make_mesh` defaults to Explicit axes in both; its first parameter was renamed
+  (`axis_shapes` -> `axis_sizes`). -> `make_mesh(shape, names, devices=, axis_types=)`: positional, Auto axes
+- sharding-in-types: `jax.set_mesh`, `jax.sharding.use_abstract_mesh`, `get_abstract_mesh` in both; no
+  `jax.sharding.use_mesh`. -> `set_mesh`, `use_abstract_mesh`, `get_abstract_mesh`
+- ragged-all-to-all on XLA:CPU: UNIMPLEMENTED in both (0.12's message is longer). -> `ragged_all_to_all_supported`
+  compiles a probe once per process instead of trusting a version table
+- `Compiled.cost_analysis()`: a dict on both here; a list of dicts on older jaxlibs and some plugins, None for
+  XLA:GPU compile-only programs. -> `cost_analysis(compiled)`: one dict and notes
+- `Compiled.memory_analysis()`: 0.12 adds `peak_unpadded_heap_bytes`, `total_allocation_bytes`,
+  `indefinite_allocations`. -> `memory_analysis(compiled)`: the fields both have, so records compare
+- TPU `optimal_seconds`: often negative with libtpu 0.0.42, positive on the programs tried with 0.0.52; callers
+  guard it (workbench.programs.predict.xla_estimate)
+- `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
+- TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
+
+The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
+(no JAX import there) and carried in every record's provenance.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, PartitionSpec
+
+JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# ------------------------------------------------------------------------------------------------ sharding API
+
+shard_map = jax.shard_map  # both versions; never jax.experimental.shard_map (deprecated, warns)
+set_mesh = jax.set_mesh
+use_abstract_mesh = jax.sharding.use_abstract_mesh
+get_abstract_mesh = jax.sharding.get_abstract_mesh
+AUTO = AxisType.Auto
+EXPLICIT = AxisType.Explicit
+
+
+def auto_axes(n: int) -> tuple:
+    """Axis types for an n-axis mesh whose shardings propagate (GSPMD/Shardy): AxisType.Auto on every axis. Both
+    versions' jax.make_mesh default to Explicit axes, which the models' sharding rules are not written for."""
+    return (AxisType.Auto,) * n
+
+
+def make_mesh(shape, names, *, devices=None, axis_types=None):
+    """jax.make_mesh with the shape passed positionally (its name changed between 0.10 and 0.12) and Auto axes
+    unless told otherwise."""
+    types = tuple(axis_types) if axis_types is not None else auto_axes(len(names))
+    if devices is None:
+        return jax.make_mesh(tuple(shape), tuple(names), types)
+    return jax.make_mesh(tuple(shape), tuple(names), types, devices=devices)
+
+
+# --------------------------------------------------------------------------------------- compiled-program queries
+
+
+def cost_analysis(compiled) -> tuple[dict, list[str]]:
+    """`compiled.cost_analysis()` as one dict of floats, and notes on what had to be done to get it.
+
+    Returns ({}, [why]) when the backend has none (XLA:GPU compile-only programs, some plugins) or raises; a list
+    of per-program dicts (older jaxlibs) is summed key by key. Values are passed through, not judged: negative or
+    missing figures are the caller's to guard (workbench.cost.report)."""
+    try:
+        raw = compiled.cost_analysis()
+    except Exception as e:  # noqa: BLE001 - some backends do not implement it
+        return {}, [f"cost_analysis unavailable: {type(e).__name__}"]
+    if raw is None:
+        return {}, ["cost_analysis returned nothing"]
+    if isinstance(raw, (list, tuple)):
+        notes = [] if len(raw) == 1 else [f"cost_analysis returned {len(raw)} entries; summed"]
+        merged: dict[str, float] = {}
+        for d in raw:
+            for k, v in (d or {}).items():
+                merged[k] = merged.get(k, 0.0) + v
+        return merged, notes
+    return dict(raw), []
+
+
+MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code")
+
+
+def memory_analysis(compiled) -> tuple[dict[str, float], list[str]]:
+    """`compiled.memory_analysis()` as {argument, output, temp, alias, generated_code: bytes} (the fields every
+    version has; 0.12's extra heap statistics are left out so records compare across versions), and notes."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception as e:  # noqa: BLE001
+        return {}, [f"memory_analysis unavailable: {type(e).__name__}"]
+    if m is None:
+        return {}, ["memory_analysis returned nothing"]
+    return {k: float(getattr(m, f"{k}_size_in_bytes", 0) or 0) for k in MEMORY_FIELDS}, []
+
+
+def experimental_roofline():
+    """jax.experimental.roofline (the analytic counter), or None where this jax lacks it."""
+    try:
+        from jax.experimental import roofline
+    except ImportError:
+        return None
+    return roofline
+
+
+def get_topology_desc(**kwargs):
+    """jax.experimental.topologies.get_topology_desc (compile-only devices of a TPU slice or GPU node)."""
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------- backend support
+
+
+@functools.lru_cache(maxsize=None)
+def ragged_all_to_all_supported(platform: str) -> bool:
+    """Whether the backend compiles jax.lax.ragged_all_to_all. TPU and GPU do; XLA:CPU did not in jax 0.10.2 nor
+    0.12.0.1 ("HLO opcode ragged-all-to-all is not supported by XLA:CPU"). On CPU this compiles a 1-device probe
+    once per process instead of trusting a version table, so a jaxlib that adds it is used as soon as it does."""
+    if platform in ("tpu", "gpu", "cuda", "rocm"):
+        return True
+    if platform != "cpu":
+        return False
+    dev = jax.devices("cpu")[:1]
+    mesh = jax.sharding.Mesh(np.array(dev), ("x",), axis_types=auto_axes(1))
+
+    def body(op, out, io, ss, oo, rs):
+        return jax.lax.ragged_all_to_all(op, out, io, ss, oo, rs, axis_name="x")
+
+    spec = PartitionSpec("x")
+    f = jax.jit(shard_map(body, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec))
+    i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
+    x = jax.ShapeDtypeStruct((2, 1), jnp.float32)
+    try:
+        f.lower(x, x, i32, i32, i32, i32).compile()
+    except Exception:  # noqa: BLE001 - UNIMPLEMENTED (or any refusal): not supported here
+        return False
+    return True
