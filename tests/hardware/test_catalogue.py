@@ -43,6 +43,18 @@ PUBLISHED = {
     # https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html — "Peak BFLOAT16 1307.4 TFLOPs"
     # (dense; 2614.9 with structured sparsity); "Memory Capacity 192 GB HBM3"; "Peak Memory Bandwidth 5.3 TB/s"
     "mi300x": (1307.4e12, 192e9, 5.3e12),
+    # https://docs.cloud.google.com/tpu/docs/tpu7x — "Peak compute per chip (BF16) (TFLOPs): 2307";
+    # "HBM capacity per chip (GiB): 192"; "HBM bandwidth per chip (GB/s): 7380"
+    "tpu-v7x": (2307e12, 192 * GiB, 7380e9),
+    # https://www.nvidia.com/en-us/data-center/hgx/ — HGX B300 "FP16/BF16 Tensor Core 36 PFLOPS*" for 8 GPUs
+    # (sparse: 2.25 PFLOPS dense per GPU); "up to 2.1 TB" for 8 (270 GB per GPU in the per-GPU table); 7.7 TB/s per GPU
+    "b300": (36e15 / 8 / 2, 270e9, 7.7e12),
+    # https://www.nvidia.com/en-us/data-center/gb300-nvl72/ — "FP16/BF16 Tensor Core 360 PFLOPS*" for 72 GPUs
+    # (sparse); per-GPU table: 279 GB HBM3E; rack "576 TB/s" for 72 GPUs
+    "gb300": (360e15 / 72 / 2, 279e9, 576e12 / 72),
+    # https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html — "Peak BF16 ... 2.5 PFLOPs" (dense;
+    # 5.0 with sparsity); "288 GB HBM3E"; "8 TB/s"
+    "mi355x": (2.5e15, 288e9, 8e12),
 }
 
 
@@ -70,7 +82,15 @@ def test_catalogue_cites_a_source_for_every_headline_figure(name):
     host = {"tpu": "cloud.google.com/tpu/docs/", "nvidia": "nvidia.com/", "amd": "amd.com/"}
     vendor = "tpu" if spec.kind == "tpu" else spec.vendor.lower()
     for key in ("hbm_bw", "hbm_bytes", "peak_flops.bfloat16"):
+        if (name, key) in FROM_A_COPY:
+            assert "NVIDIA" in spec.sources[key].source and "verda.com" in spec.sources[key].source
+            continue
         assert host[vendor] in spec.sources[key].source, (name, key, spec.sources[key].source)
+
+
+# Blackwell Ultra's per-GPU memory figures are in NVIDIA's tables, which the stored material lacks; the catalogue
+# cites a copy of those tables and says so (the rows above use the same per-GPU figures)
+FROM_A_COPY = {("b300", "hbm_bw"), ("b300", "hbm_bytes"), ("gb300", "hbm_bytes")}
 
 
 def test_matmul_rate_curve_interpolates_and_scales_by_dtype():

@@ -574,9 +574,10 @@ CHIPS.update({
         "peak_flops": {
             "float32": _t(1.573e14, AMD_MI355X, NO_STORED_AMD_355 + "Peak FP32 vector 157.3 TFLOPs (dense).",
                           READ_2026_12),
-            "bfloat16": _t(MI355X_FP8 / 2, AMD_MI355X, NO_STORED_AMD_355 + "Peak BF16 matrix 2.5 PFLOPs dense (5.0 with "
-                           "sparsity) = half the FP8 rate below.", READ_2026_12),
-            "float16": _t(MI355X_FP8 / 2, AMD_MI355X, NO_STORED_AMD_355 + "As bfloat16.", READ_2026_12),
+            "bfloat16": _t(2.5e15, AMD_MI355X, NO_STORED_AMD_355 + "Peak BF16 matrix 2.5 PFLOPs dense (5.0 with "
+                           "sparsity), AMD's figure (half the FP8 rate below, which the ISSCC clock arithmetic puts "
+                           "at 5.03e15).", READ_2026_12),
+            "float16": _t(2.5e15, AMD_MI355X, NO_STORED_AMD_355 + "As bfloat16.", READ_2026_12),
             "float8_e4m3fn": _t(MI355X_FP8, AMD_CDNA4_ISSCC, NO_STORED_AMD_355 + "8,192 FLOPs/clock/CU x 256 CUs x "
                                 "2.4 GHz (MI355X max clock) = 5.03e15 dense ('five petaflops'; AMD: 5.0 PF dense, "
                                 "10.1 with sparsity). CDNA4 FP8 is OCP E4M3FN/E5M2 (CDNA3's FNUZ formats were "
