@@ -31,6 +31,7 @@ from jax.sharding import NamedSharding
 from models.config import ModelConfig
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
+from workbench.cost.pricing import priced_dtype
 from workbench.errors import WorkbenchError
 
 
@@ -365,10 +366,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     model_flops_step = an["train_flops_per_token"] * tokens
     use_hlo = cost.has_loops and cost.hlo_flops > 1.5 * cost.flops
     per_device_flops = cost.hlo_flops if use_hlo else cost.flops
-    from models.quant import matmul_format
 
     dtype = np.dtype(prog.policy.compute_dtype).name
-    price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
+    price_dtype = priced_dtype(prog.policy)  # the one rule predict uses too: fp8/MX policies at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
