@@ -5,7 +5,7 @@
 Each row of benchmarks/data/published_runs.csv (MaxText on TPU v5e and v5p, torchtitan and NeMo on H100; facts
 with their sources) becomes a `workbench predict` spec (workbench.programs.validation.PublishedRun.spec: the
 model's shape, the slice, the parallelism and mesh, the global batch and microbatches, the remat policy it used)
-and is compiled through workbench.predict for its target: libtpu for TPU slices, the GPU path for H100 nodes.
+and is compiled through workbench.programs.predict for its target: libtpu for TPU slices, the GPU path for H100 nodes.
 Reported per run: predicted vs published step time and MFU, the error, and for rows that do not fit the compiler's
 reason. The median |step-time error| overall and per chip family lands in reports/published_validation.json and in
 the results store (kind `published_validation`), where `workbench plan` reads the error it prints beside its
@@ -23,16 +23,21 @@ import os
 import sys
 import time
 
-from workbench.hostmem import reexec_with_hugepages
+from partitioning.topology import gpu_compiler_for, parse_target
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
+from workbench.hardware.hostmem import reexec_with_hugepages
+from workbench.programs import predict as wp
+from workbench.programs.validation import load_runs, summarize_errors
+from workbench.results.store import Store, make_record
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def validate(run, wp) -> dict:
+def validate(run) -> dict:
     """Compile one published run for its target and compare."""
-    from workbench.errors import WorkbenchError
 
     spec = run.spec()
     row = {"name": run.name, "chip": run.chip, "target": run.row["target"], "framework": run.row["framework"],
@@ -72,8 +77,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join("reports", "published_validation.json"))
     args = ap.parse_args(argv)
 
-    from workbench.errors import WorkbenchError
-    from workbench.programs.validation import load_runs, summarize_errors
 
     try:
         runs = load_runs(args.table)
@@ -84,8 +87,6 @@ def main(argv=None) -> int:
                 raise WorkbenchError(f"--only {unknown[0]!r} is not a run of the table; choose from "
                                      f"{', '.join(r.name for r in runs)}")
             runs = [r for r in runs if r.name in want]
-        from partitioning.topology import gpu_compiler_for, parse_target
-        from workbench.devices import default_platform, request_devices
 
         targets = [parse_target(r.row["target"]) for r in runs]
         sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
@@ -96,13 +97,11 @@ def main(argv=None) -> int:
     except WorkbenchError as e:
         print(f"published_validation: error: {e}", file=sys.stderr)
         return 2
-    from workbench import predict as wp
-    from workbench.results import Store, make_record
 
     rows = []
     for i, run in enumerate(runs, 1):
         _log(f"[{i}/{len(runs)}] {run.name}: compiling for {run.row['target']} ...")
-        row = validate(run, wp)
+        row = validate(run)
         rows.append(row)
         if row.get("step_error") is not None:
             _log(f"[{i}/{len(runs)}] {run.name}: predicted {row['predicted_step_s']:.3g}s vs published "

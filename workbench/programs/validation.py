@@ -14,6 +14,8 @@ import os
 import statistics
 
 from workbench.errors import WorkbenchError
+from workbench.programs.predict import PredictSpec
+from workbench.results.store import Store
 
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
                      "data", "published_runs.csv")
@@ -46,8 +48,6 @@ class PublishedRun:
         return POLICY_HERE[self.row["precision"].split()[0]]
 
     def spec(self):
-        from workbench.predict import PredictSpec
-
         r = self.row
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
                            batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat_here"],
@@ -95,8 +95,6 @@ def summarize_errors(rows: list[dict]) -> dict:
 def validation_error(chip: str, store=None) -> dict | None:
     """{median_error, n_runs, time} of the latest published_validation record for this chip family (catalogue or
     target family name: 'tpu-v5e', 'h100'), None when none covers it."""
-    from workbench.results import Store
-
     recs = (store or Store()).records("published_validation")
     key = chip.split(":")[0].lower()
     for rec in reversed(recs):

@@ -5,7 +5,8 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from workbench.costs import CostReport, costs_from_compiled
+from workbench.cost.analytic import analytic_count
+from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import DoesNotFit
 
 
@@ -62,7 +63,6 @@ def compile_program(fn: Callable, *args, jit_kwargs: dict | None = None, mesh=No
         n_devices = mesh.size if mesh is not None else _devices_of(args)
     an = None
     if analytic:
-        from workbench.analytic import analytic_count
 
         inner = getattr(fn, "__wrapped__", fn)
         an = analytic_count(inner, *args, **kwargs)

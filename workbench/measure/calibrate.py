@@ -1,6 +1,6 @@
 """Host calibration: what XLA achieves on this machine, beside what its cores could do on paper.
 
-Measured (through the one harness, workbench.measure; median and IQR over repeats):
+Measured (through the one harness, workbench.measure.harness; median and IQR over repeats):
 - matmul FLOP/s for float32 and bfloat16 through XLA (square n³, random inputs);
 - streaming memory bandwidth: y = a·x + b over buffers far larger than the last-level cache, counting bytes read +
   written;
@@ -24,6 +24,10 @@ import sys
 from typing import Any
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.hostmem import describe
+from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
+from workbench.hardware.spec import get_spec as catalogue_spec
+from workbench.measure.harness import measure, measure_steps, random_inputs
 
 CALIBRATION_VERSION = 7
 
@@ -141,7 +145,6 @@ def physical_peaks(feat: dict, measured_f32: float | None = None) -> dict[str, A
 def fingerprint(feat: dict) -> str:
     import jax
 
-    from workbench.hostmem import describe
 
     key = json.dumps({"model": feat["model"], "flags": feat["flags"], "cores": feat["cores"],
                       "mem": feat["mem_bytes"], "jax": jax.__version__, "v": CALIBRATION_VERSION,
@@ -163,7 +166,6 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from workbench.measure import measure, measure_steps, random_inputs
 
     feat = cpu_features()
     reps = 5 if quick else 9
@@ -297,9 +299,7 @@ def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool =
     return data
 
 
-def spec_from_calibration(cal: dict):
-    from workbench.hardware import HardwareSpec, Interconnect, Source
-
+def spec_from_calibration(cal: dict) -> HardwareSpec:
     date = cal.get("time", "")[:10]
     src_m = Source("measured by `workbench calibrate` (XLA on this host, median of repeats)", date)
     peaks = {dt: v["flops_per_s"] for dt, v in cal["matmul"].items()}
@@ -329,5 +329,13 @@ def spec_from_calibration(cal: dict):
                + ", ".join(f"{k} {v['per_s']:.3g}/s" for k, v in tr.items())))
 
 
-def host_spec(run_if_missing: bool = True):
+def host_spec(run_if_missing: bool = True) -> HardwareSpec:
     return spec_from_calibration(load_or_calibrate(run_if_missing=run_if_missing))
+
+
+def get_spec(name: str, *, calibrate_if_missing: bool = True) -> HardwareSpec:
+    """A catalogue chip by name or alias, or `host` (from the cached calibration; calibrates when absent unless
+    calibrate_if_missing=False, which raises a one-line error instead)."""
+    if resolve_name(name) == "host":
+        return host_spec(run_if_missing=calibrate_if_missing)
+    return catalogue_spec(name)

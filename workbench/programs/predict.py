@@ -28,10 +28,27 @@ import math
 import time
 from typing import Any
 
+from models import inference
+from models.analytics import analytics
+from models.config import REMATS
+from models.precision import get_policy
+from models.presets import get_config
+from models.transformer import Transformer
 from partitioning import topology as topo
-from workbench.cost.flops import reconcile as reconcile_flops
-from workbench.cost.pricing import priced_dtype, tpu_float32_spec
+from partitioning.mesh import make_mesh, parse_mesh_spec
+from partitioning.rules import get_rules
+from partitioning.shard import activation_sharding, spec_for, state_shardings
+from partitioning.strategy import get_strategy
+from workbench.cost.compile import is_resource_exhausted
+from workbench.cost.report import costs_from_compiled
 from workbench.errors import WorkbenchError
+from workbench.hardware import spec as hardware
+from workbench.hardware.spec import dtype_name
+from workbench.programs import train
+from workbench.programs.flop_counts import reconcile as reconcile_flops
+from workbench.results.store import Store, make_record
+from workbench.roofline import prediction as roofline
+from workbench.roofline.pricing import priced_dtype, tpu_float32_spec
 
 MODES = ("train", "prefill", "decode")
 
@@ -58,46 +75,6 @@ class PredictSpec:
 # --------------------------------------------------------------------------------------------------- defaults
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def default_mesh(strategy: str, n: int, cfg) -> dict[str, int]:
-    """The mesh a strategy gets on n chips when none is given.
-
-    dp, fsdp: data=n.  tp, fsdp+tp: model = the largest divisor of n that is ≤ 8 and divides the attention heads
-    (kv heads too) and d_ff; data = the rest.  sp: seq = the largest divisor ≤ 4 of n dividing the sequence.
-    ep: expert = gcd(n, n_experts).
-    """
-    if strategy in ("dp", "fsdp"):
-        return {"data": n}
-    if strategy in ("tp", "fsdp+tp"):
-        m = max(d for d in _divisors(n) if d <= 8 and cfg.n_heads % d == 0 and cfg.n_kv_heads % d == 0
-                and cfg.d_ff % d == 0)
-        return {"data": n // m, "model": m} if m > 1 else {"data": n}
-    if strategy == "sp":
-        s = max(d for d in _divisors(n) if d <= 4)
-        return {"data": n // s, "seq": s}
-    if strategy == "ep":
-        if not cfg.is_moe:
-            raise WorkbenchError("strategy ep needs a mixture-of-experts model; this preset is dense (n_experts=0). "
-                                 "Choose mixtral-8x7b or --set n_experts=8")
-        e = math.gcd(n, cfg.n_experts)
-        return {"data": n // e, "expert": e}
-    from partitioning.rules import get_rules
-
-    get_rules(strategy)  # raises the one-line unknown-strategy error
-    return {"data": n}
-
-
-def batch_axes(strategy: str, axes: dict[str, int]) -> int:
-    """How many ways the batch is split: the product of the mesh axes the strategy maps `batch` to."""
-    from partitioning.rules import get_rules
-
-    rules = get_rules(strategy)
-    return math.prod(axes.get(a, 1) for a in rules.mesh_axes_for("batch"))
-
-
 def default_batch(n_chips: int) -> int:
     """Global batch when none is given: 4 sequences per chip (room for microbatching in the planner)."""
     return 4 * n_chips
@@ -107,8 +84,7 @@ def default_batch(n_chips: int) -> int:
 
 
 def target_spec(target: topo.Target):
-    """The catalogue HardwareSpec of the target's chip (workbench.hardware), matched by name or alias."""
-    from workbench import hardware
+    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias."""
 
     last = None
     for name in target.spec_names:
@@ -159,11 +135,9 @@ def _shard_bytes(tree) -> float:
 
 def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
     """(jitted step, abstract args tuple, abstract state) for the spec's mode, from the models' own builders."""
-    from models.precision import get_policy
 
     policy = get_policy(spec.policy)
     if spec.mode == "train":
-        from workbench import train
 
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True)
@@ -184,10 +158,6 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from models import inference
-    from models.transformer import Transformer
-    from partitioning.rules import get_rules
-    from partitioning.shard import activation_sharding, spec_for, state_shardings
 
     rules = get_rules(strategy)
     abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(0)))
@@ -242,15 +212,13 @@ def _unpack_step(out):
 
 def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, int, list[str]]:
     """Validate a spec: target, config, mesh axes, batch, sequence. One-line errors for bad input."""
-    from models.presets import get_config
 
     if spec.mode not in MODES:
         raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    get_policy(spec.policy)  # unknown policy: one line, before any target device is built
     target = topo.parse_target(spec.target)
     cfg = get_config(spec.preset, spec.overrides)
     if spec.remat not in ("auto", None):
-        from models.config import REMATS
-
         if spec.remat not in REMATS:
             raise WorkbenchError(f"--remat {spec.remat!r}: choose {', '.join(REMATS)} or auto")
         cfg = cfg.replace(remat=spec.remat)
@@ -266,13 +234,12 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     if spec.strategy is None:
         raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, ep")
     if spec.mesh:
-        from partitioning.mesh import parse_mesh_spec
 
         axes = parse_mesh_spec(spec.mesh)
     else:
-        axes = default_mesh(spec.strategy, target.n_chips, cfg)
+        axes = get_strategy(spec.strategy).default_mesh(target.n_chips, cfg)
     topo.check_mesh_size(axes, target.n_chips, target.name)
-    nb = batch_axes(spec.strategy, axes)
+    nb = get_strategy(spec.strategy).batch_ways(axes)
     batch = spec.batch if spec.batch is not None else default_batch(target.n_chips)
     if batch < 1:
         raise WorkbenchError(f"--batch must be >= 1, got {batch}")
@@ -292,7 +259,6 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
 
 def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
     """Build the target's mesh and the abstract sharded step, and lower it (no compile yet)."""
-    from partitioning.mesh import make_mesh
 
     target, cfg, axes, batch, seq, notes = prepare(spec)
     devices = topo.target_devices(target, spec.gpu_compiler)
@@ -318,7 +284,6 @@ def compile_lowered(lw: Lowered):
         c = lw.lowered.compile()
         return c, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001
-        from workbench.compile import is_resource_exhausted
 
         if is_resource_exhausted(e):
             words = " ".join(str(e).strip().split())
@@ -362,7 +327,6 @@ def torus_axes_of(cost, mesh) -> int:
 
 def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
     """Model FLOPs of one step (the convention of models/analytics.py) and how they were counted."""
-    from models.analytics import analytics
 
     a = analytics(cfg, seq)
     if mode == "train":
@@ -380,8 +344,6 @@ def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
 
 def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, error: str | None = None) -> dict:
     """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
-    from workbench import roofline
-    from workbench.costs import costs_from_compiled
 
     target, spec = lw.target, lw.spec
     hw = target_spec(target)
@@ -432,9 +394,9 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         cost = dataclasses.replace(cost, flops=cost.hlo_flops, bytes_accessed=cost.hlo_bytes,
                                    transcendentals=cost.hlo_transcendentals, notes=cost.notes + (
                                        "no compiler cost_analysis: flops and bytes summed from the optimized HLO's "
-                                       "kernels (workbench.hlo)",))
+                                       "kernels (workbench.cost.hlo)",))
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
-    price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/cost/pricing.py)
+    price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
     price_hw = hw
     if price == "float32" and target.kind == "tpu":
         price_hw, f32_note = tpu_float32_spec(hw, compiled.as_text())
@@ -501,7 +463,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "comm_s": f"Σ collective_time over {sum(c.count for c in cost.collectives)} collectives on "
                   f"{hw.interconnect.kind} (link {hw.interconnect.link_bw:.3g} B/s × {hw.interconnect.links}"
                   f"{', torus axes ' + str(k) if target.kind == 'tpu' else ''}); partitioning/collectives.py",
-        "roofline_s": "workbench.roofline.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
+        "roofline_s": "workbench.roofline.prediction.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
         "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} chips × {peak_bf16:.4g} bf16 FLOP/s)",
         "predicted_step_s": "max(roofline_s, analytic_floor_s)",
         "predicted_mfu": "analytic_floor_s / predicted_step_s",
@@ -540,8 +502,6 @@ def explain_bottleneck(pred, step: float, floor_s: float) -> str:
 
 
 def _policy_dtype(policy: str) -> str:
-    from models.precision import get_policy
-    from workbench.hardware import dtype_name
 
     return dtype_name(get_policy(policy).compute_dtype)
 
@@ -608,7 +568,6 @@ def public(body: dict) -> dict:
 
 def record(body: dict, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
     """Append the prediction to the results store (spec + CostReport + Prediction + the fit/floor/MFU fields)."""
-    from workbench.results import Store, make_record
 
     s = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
     rec = make_record(kind, s, cost=body.get("_cost"), prediction=body.get("_prediction"), measurement=None,

@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.catalogue import CHIPS
 
 FP8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e4m3fnuz", "float8_e5m2fnuz")
 DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16",
@@ -164,7 +165,6 @@ def catalogue() -> dict[str, HardwareSpec]:
 
 @functools.lru_cache(maxsize=1)
 def _catalogue() -> dict[str, HardwareSpec]:
-    from workbench.catalogue import CHIPS
 
     return {n: _from_catalogue(n, c) for n, c in CHIPS.items()}
 
@@ -184,11 +184,10 @@ def resolve_name(name: str) -> str:
     raise WorkbenchError(f"unknown chip {name!r}; choose one of {', '.join(names())} (see `workbench hw list`)")
 
 
-def get_spec(name: str, *, calibrate_if_missing: bool = True) -> HardwareSpec:
-    """A catalogue chip by name/alias, or 'host' (built from the cached calibration; calibrates when absent)."""
+def get_spec(name: str) -> HardwareSpec:
+    """A catalogue chip by name or alias. `host` is measured, not catalogued: workbench.measure.calibrate.get_spec
+    answers for it (from the cached calibration, calibrating when absent) and for every catalogue chip."""
     n = resolve_name(name)
     if n == "host":
-        from workbench.calibrate import host_spec
-
-        return host_spec(run_if_missing=calibrate_if_missing)
+        raise ValueError("the host's spec comes from its calibration: use workbench.measure.calibrate.get_spec('host')")
     return catalogue()[n]

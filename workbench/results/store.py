@@ -18,8 +18,8 @@ import subprocess
 import uuid
 from typing import Any
 
-from workbench import hostmem
 from workbench.errors import WorkbenchError
+from workbench.hardware import hostmem
 
 SCHEMA = 1
 FILENAME = "records.jsonl"
@@ -29,17 +29,18 @@ def default_dir() -> str:
     return os.environ.get("WORKBENCH_RESULTS", os.path.join(os.getcwd(), "results"))
 
 
-def _clean(o: Any):
+def clean(o: Any):
+    """A JSON-ready copy: non-finite floats become None, numpy scalars and objects with to_dict() plain values."""
     if isinstance(o, float) and not math.isfinite(o):
         return None
     if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
+        return {str(k): clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
+        return [clean(v) for v in o]
     if hasattr(o, "to_dict") and callable(o.to_dict):
-        return _clean(o.to_dict())
+        return clean(o.to_dict())
     if hasattr(o, "item") and callable(o.item):
-        return _clean(o.item())
+        return clean(o.item())
     return o
 
 
@@ -50,7 +51,7 @@ class Store:
 
     def append(self, record: dict) -> dict:
         """Append one record atomically (one complete line). Returns the record as stored."""
-        line = json.dumps(_clean(record), default=str, allow_nan=False) + "\n"
+        line = json.dumps(clean(record), default=str, allow_nan=False) + "\n"
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workbench.cost.hlo import COLLECTIVE_KINDS, HLO_TO_NUMPY, attr, parse_dots, parse_kernels, parse_module
 from workbench.errors import RecompileError
 
 WIDE_SPREAD = 0.25  # IQR / median above this flags the measurement as noisy
@@ -149,7 +150,6 @@ def _trace_events(logdir: str) -> list[dict]:
 def _kernel_class(name: str, dot: bool) -> str:
     if dot:
         return "matmul"
-    from workbench.hlo import COLLECTIVE_KINDS
 
     base = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[-1].isdigit() else name
     if base.startswith(COLLECTIVE_KINDS):
@@ -180,7 +180,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     """Time every kernel of a compiled program from a jax.profiler trace of `steps` calls of step(i).
 
     Joins each traced kernel (a fusion or unfused op of the optimized HLO, `hlo_text`) with its CostReport-style
-    costs (workbench.hlo.parse_kernels: flops and bytes per call) and returns per-step totals: 'kernels' (the `top`
+    costs (workbench.cost.hlo.parse_kernels: flops and bytes per call) and returns per-step totals: 'kernels' (the `top`
     longest: name, class, ms, min_ms (its fastest single call), calls, GFLOP, achieved GFLOP/s and GB/s, the dot's
     shape, the op_name it came from),
     'classes' (ms, calls, GFLOP by matmul / copy/transpose / dynamic-(update-)slice / broadcast / collective /
@@ -196,7 +196,6 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     import jax
 
-    from workbench.hlo import _attr, parse_kernels, parse_module
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
@@ -224,7 +223,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     rows = []
     for name, sec in dur.items():
         ins = instrs[name]
-        callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+        callee = (attr(ins.attrs, "calls") or "").lstrip("%")
         body = mod.computations.get(callee, [ins])
         dot = next((i for i in body if i.opcode in ("dot", "convolution")), None)
         meta = re.search(r'op_name="([^"]+)"', (dot or ins).attrs) or next(
@@ -261,7 +260,7 @@ def dot_floor(hlo_text: str, *, steps: int = 5, warmup: int = 5, ceiling_flops: 
               progress=None) -> dict:
     """The time a compiled program's dots take on their own: a floor under its step time, whatever the rest costs.
 
-    Every dot of the optimized HLO (workbench.hlo.parse_dots: operand shapes, dimension numbers, executions per run)
+    Every dot of the optimized HLO (workbench.cost.hlo.parse_dots: operand shapes, dimension numbers, executions per run)
     is reduced to its matrix-multiply sizes, batch B × (M×K)·(K×N), and compiled alone in the layout XLA needs no
     copy for ([B,]M,K)·([B,]K,N); after `warmup` calls, `steps` calls are traced with jax.profiler (profile_kernels)
     and each matmul kernel counts at its fastest call: no dispatch, no layout copies, no other kernel sharing the
@@ -274,7 +273,6 @@ def dot_floor(hlo_text: str, *, steps: int = 5, warmup: int = 5, ceiling_flops: 
     import jax
     import jax.numpy as jnp
 
-    from workbench.hlo import HLO_TO_NUMPY, parse_dots
 
     groups: dict[tuple, list] = collections.OrderedDict()
     for d in parse_dots(hlo_text):

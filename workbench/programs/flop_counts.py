@@ -1,10 +1,11 @@
 """Three flop counts of one compiled program, reconciled per device (`workbench predict`, key `flop_counts`).
 
+
     analytic   the model convention (models/analytics.py: 6·N_matmul + 12·L·heads·head_dim·seq per token for
                training) for the step's tokens, divided by the chips — what MFU is measured against
     compiler   XLA's cost_analysis of the compiled program. On libtpu it counts a while body ONCE (scanned layers,
                microbatch loops): a 4-layer scan reports about a quarter of its flops
-    hlo        every kernel of the optimized HLO (workbench.hlo.parse_kernels) × the runs of its computation: loop
+    hlo        every kernel of the optimized HLO (workbench.cost.hlo.parse_kernels) × the runs of its computation: loop
                bodies × their trip counts (libtpu's HLO carries no known_trip_count: read from the loop condition),
                called computations × their callers, dots written as convolutions counted by the window taps that
                meet real input (libtpu routes batch and head dimensions through windows, padding and lhs dilation)
@@ -18,6 +19,8 @@ count more than 25 % away from it gets a note naming the likely cause.
 from __future__ import annotations
 
 import dataclasses
+
+from models.analytics import analytics, matmul_params_active
 
 # Per-layer rematerialization runs each layer's forward again in the backward pass: the forward is 2 of the 6
 # FLOPs per parameter per token (and 1/3 of the attention term) — Chowdhery et al. 2022 (PaLM), appendix B.
@@ -51,8 +54,6 @@ def remat_factor(cfg, mode: str, seq: int) -> float:
     """Step flops / model flops the remat policy implies: 1 + (layers' forward flops / train flops) × recompute."""
     if mode != "train":
         return 1.0
-    from models.analytics import analytics, matmul_params_active
-
     a = analytics(cfg, seq)
     head = cfg.vocab_size * cfg.d_model
     layers_fwd = 2 * (matmul_params_active(cfg) - head) + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
@@ -62,7 +63,7 @@ def remat_factor(cfg, mode: str, seq: int) -> float:
 def reconcile(cost, model_flops_step: float, n_chips: int, cfg, mode: str, seq: int,
               used: float | None = None) -> FlopCounts:
     """The three counts of `cost` (a CostReport) against the model's flops for the step (see the module docstring).
-    used: the count the prediction priced (workbench.roofline.Prediction.flops); None: the rule above."""
+    used: the count the prediction priced (workbench.roofline.prediction.Prediction.flops); None: the rule above."""
     analytic = model_flops_step / n_chips if n_chips else 0.0
     f = remat_factor(cfg, mode, seq)
     expected = analytic * f

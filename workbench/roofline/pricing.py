@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from workbench import hlo
+from models.precision import get_policy
+from models.quant import matmul_format
+from workbench.cost import hlo
 
 PASSES = {"default": 1, "high": 3, "highest": 6}
 _ALGORITHM_PASSES = {"x6": 6, "x3": 3, "x9": 9}
@@ -22,9 +24,6 @@ _ALGORITHM_PASSES = {"x6": 6, "x3": 3, "x9": 9}
 
 def priced_dtype(policy) -> str:
     """The dtype name whose peak prices this policy's matmuls (rule 1)."""
-    from models.precision import get_policy
-    from models.quant import matmul_format
-
     return matmul_format(get_policy(policy))["peak_dtype"]
 
 

@@ -10,7 +10,7 @@ import math
 from typing import Callable
 
 from workbench.errors import WorkbenchError, positive_int
-from workbench.hardware import dtype_name
+from workbench.hardware.spec import dtype_name
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
+from workbench.errors import WorkbenchError
+
 TUNABLE = "glibc.malloc.hugetlb=1"
 _MARK = "WORKBENCH_REEXEC"
 
@@ -78,3 +80,24 @@ def describe() -> dict:
     """For provenance and the calibration fingerprint."""
     return {"thp": thp_mode(), "malloc_hugetlb": TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"),
             "hugepages": hugepages_active()}
+
+
+def available_bytes() -> int | None:
+    """Memory the host can still give this process (/proc/meminfo MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(needed_bytes: float, what: str, fix: str, margin: float = 0.8) -> None:
+    """A one-line WorkbenchError, before anything is allocated, when `what` needs more than `margin` of the memory
+    the host has free (the rest is left for the process itself and the allocator's slack)."""
+    free = available_bytes()
+    if free is not None and needed_bytes > margin * free:
+        raise WorkbenchError(f"{what} needs {needed_bytes / 2**30:.3g} GiB but this host has {free / 2**30:.3g} GiB "
+                             f"free; {fix}")

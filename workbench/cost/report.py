@@ -3,9 +3,9 @@
 Sources, each kept apart so they can be compared:
 - XLA `cost_analysis()` of the compiled program: flops, transcendentals, bytes accessed (per device).
 - XLA `memory_analysis()`: argument, output, temp and alias bytes → per-device peak = args + outputs + temps − aliases.
-- The optimized HLO text (workbench.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
+- The optimized HLO text (workbench.cost.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
   and every collective with payload, dtype, group size and mesh axes. Kernels inside loops count trip-count times.
-- The analytic count of the unoptimized program (workbench.analytic; jax.experimental.roofline), for the whole
+- The analytic count of the unoptimized program (workbench.cost.analytic; jax.experimental.roofline), for the whole
   (global) program: divide by n_devices to compare with a fully partitioned per-device count.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from workbench.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
+from workbench.cost.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
 
 # glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
 # 4·1024·1024·sizeof(long) = 32 MiB on 64-bit), so such buffers are page-faulted in on every call
@@ -28,7 +28,7 @@ class AnalyticCount:
 
     flops: float
     bytes: float  # HBM bytes of the unfused program as jax.experimental.roofline counts them
-    method: str  # 'jax.experimental.roofline' | 'workbench.analytic.jaxpr_dots' (fallback)
+    method: str  # 'jax.experimental.roofline' | 'workbench.cost.analytic.jaxpr_dots' (fallback)
     note: str = ""
 
     def __add__(self, o: "AnalyticCount") -> "AnalyticCount":
@@ -79,6 +79,26 @@ class CostReport:
     @property
     def has_loops(self) -> bool:
         return any(k.count > 1 for k in self.kernels)
+
+    @property
+    def uses_hlo_counts(self) -> bool:
+        """Whether the HLO kernel sums (trip-count scaled) replace the compiler's program-level counts: XLA's
+        cost_analysis counts a loop body once, so a program with loops whose kernels add up to more than 1.5x the
+        compiler's flops is counted from its kernels. The one place this rule lives."""
+        return self.has_loops and self.hlo_flops > 1.5 * self.flops
+
+    @property
+    def counted_flops(self) -> float:
+        """Per-device flops of one execution: the HLO kernel sums when `uses_hlo_counts`, else cost_analysis."""
+        return self.hlo_flops if self.uses_hlo_counts else self.flops
+
+    @property
+    def counted_bytes(self) -> float:
+        return self.hlo_bytes if self.uses_hlo_counts else self.bytes_accessed
+
+    @property
+    def counted_transcendentals(self) -> float:
+        return max(self.transcendentals, self.hlo_transcendentals) if self.uses_hlo_counts else self.transcendentals
 
     @property
     def intensity(self) -> float:
@@ -236,7 +256,7 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                      large_output_bytes=float(large),
                      analytic=analytic, n_devices=n_devices, compute_dtype=compute_dtype, platform=platform,
                      notes=tuple(notes))
-    if rep.has_loops and rep.hlo_flops > 1.5 * rep.flops:
+    if rep.uses_hlo_counts:
         rep = dataclasses.replace(rep, notes=rep.notes + (
             "program has loops: XLA cost_analysis counts a loop body once; predictions use the HLO kernel sums "
             "(trip-count scaled)",))

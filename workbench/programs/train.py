@@ -12,8 +12,8 @@ Optimizer: optax AdamW (b1 0.9, b2 0.95, weight decay on matrices only) after gl
 Activations are pinned through partitioning.shard.activation_sharding while the step is traced; the mesh is also
 in context as an abstract mesh (jax.sharding.get_abstract_mesh) for layers that shard_map (models/moe.py).
 
-`train_model(...)` compiles the step through workbench.compile (CostReport), trains on the stdlib corpus, times the
-steps with workbench.measure, predicts with workbench.roofline and returns a JSON-ready dict.
+`train_model(...)` compiles the step through workbench.cost.compile (CostReport), trains on the stdlib corpus, times the
+steps with workbench.measure.harness, predicts with workbench.roofline.prediction and returns a JSON-ready dict.
 """
 from __future__ import annotations
 
@@ -28,11 +28,23 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from models import quant
+from models.analytics import analytics
 from models.config import ModelConfig
+from models.precision import get_policy
+from models.transformer import Transformer
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
-from workbench.cost.pricing import priced_dtype
+from workbench.cost.compile import compile_program
+from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import is_simulated
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
+from workbench.programs.data import Batches, shard_batch, unigram_baseline
+from workbench.results.console import ProgressBar
+from workbench.roofline.prediction import Prediction, predict
+from workbench.roofline.pricing import priced_dtype
 
 
 # ------------------------------------------------------------------------------------------------- optimizer
@@ -50,7 +62,6 @@ def make_optimizer(learning_rate: float = 1e-3, total_steps: int = 1000, warmup_
 
 def default_learning_rate(cfg: ModelConfig) -> float:
     """3e-3 for models under ~1M parameters, 1e-3 up to ~100M, 3e-4 above (the usual nanoGPT-scale choices)."""
-    from models.analytics import analytics
 
     n = analytics(cfg)["params_total"]
     return 3e-3 if n < 1e6 else (1e-3 if n < 1e8 else 3e-4)
@@ -70,10 +81,10 @@ def _grad_meta_filter(policy):
     """Variables differentiated alongside the parameters whose 'gradient' is their new value (fp8 delayed scaling
     of gradients, models/quant.py's Fp8GradMeta); a filter that matches nothing otherwise."""
     try:
-        from models import quant
+        pass
     except ModuleNotFoundError:
         return _NoVariable
-    wrt = quant.grad_wrt(policy) if hasattr(quant, "grad_wrt") else nnx.Param
+    wrt = quant.grad_wrt(policy)
     return quant.Fp8GradMeta if (wrt is not nnx.Param and hasattr(quant, "Fp8GradMeta")) else _NoVariable
 
 
@@ -113,7 +124,8 @@ class TrainProgram:
         return self.batch_size * self.seq_len
 
 
-def _abstract_with(tree, shardings):
+def abstract_with(tree, shardings):
+    """ShapeDtypeStructs of `tree` carrying `shardings` (a compile-only stand-in for a sharded state)."""
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
 
 
@@ -124,8 +136,6 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
     abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
     """
-    from models.precision import get_policy
-    from models.transformer import Transformer
 
     policy = get_policy(policy)
     rules = get_rules(strategy)
@@ -238,7 +248,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
                                               batch_sharding),
                     out_shardings=(None, shardings["params"]))
     if abstract:
-        state, batch = _abstract_with(abs_state, shardings), abs_batch
+        state, batch = abstract_with(abs_state, shardings), abs_batch
     else:
         state = init()
         batch = {k: jax.device_put(np.zeros((batch_size, seq_len), np.int32), batch_sharding)
@@ -248,10 +258,98 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
 
 # ------------------------------------------------------------------------------------------------- training loop
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a training run saw: its spec, losses, timings, costs (per device), prediction and MFU.
+
+    `to_record()` is the JSON body `workbench run --json` prints and the results store keeps; the fields derived
+    from others (step_s, tokens_per_s, mfu, replication, collectives) are properties so they cannot disagree.
+    """
+
+    config: ModelConfig
+    strategy: str
+    mesh: dict[str, int]
+    precision: str
+    precision_reason: str
+    compute_dtype: str
+    priced_dtype: str
+    batch_size: int
+    seq_len: int
+    microbatches: int
+    steps: int
+    seed: int
+    tokens_per_step: int
+    losses: tuple[float, ...]
+    val_losses: tuple[tuple[int, float], ...]      # (step, validation loss), step 0 first
+    unigram_baseline_val: float
+    final_metrics: dict[str, float]
+    measurement: Measurement | None                # the timed steps (median/IQR over them)
+    mfu_ceiling_flops: float | None                # FLOP/s of the whole mesh the MFU is taken against
+    mfu_note: str
+    model_flops_per_step: float
+    per_device_flops: float                        # the compiled program's count (CostReport.counted_flops)
+    compile_s: float
+    lower_s: float
+    params_total: int
+    cost: CostReport
+    prediction: Prediction | None
+    hardware: str | None
+    kernel_profile: dict | None
+
+    @property
+    def n_devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def val_loss(self) -> float:
+        return self.val_losses[-1][1]
+
+    @property
+    def step_s(self) -> float | None:
+        return self.measurement.median_s if self.measurement else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens_per_step / self.step_s if self.step_s else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model flops per step / step time / the ceiling (full-attention convention, see model_flops_convention)."""
+        if not (self.step_s and self.mfu_ceiling_flops):
+            return None
+        return self.model_flops_per_step / self.step_s / self.mfu_ceiling_flops
+
+    @property
+    def replication(self) -> float | None:
+        return self.per_device_flops * self.n_devices / self.model_flops_per_step if self.model_flops_per_step else None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "preset_config": self.config.to_dict(), "strategy": self.strategy, "mesh": dict(self.mesh),
+            "n_devices": self.n_devices, "precision": self.precision, "precision_reason": self.precision_reason,
+            "compute_dtype": self.compute_dtype, "priced_dtype": self.priced_dtype, "batch_size": self.batch_size,
+            "seq_len": self.seq_len, "microbatches": self.microbatches, "steps": self.steps, "seed": self.seed,
+            "tokens_per_step": self.tokens_per_step, "losses": list(self.losses),
+            "val_losses": [[s, v] for s, v in self.val_losses], "val_loss": self.val_loss,
+            "unigram_baseline_val": self.unigram_baseline_val, "final_metrics": dict(self.final_metrics),
+            "step_s": self.step_s, "step_s_iqr": self.measurement.iqr_s if self.measurement else None,
+            "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "mfu_ceiling_flops": self.mfu_ceiling_flops,
+            "mfu_note": self.mfu_note, "model_flops_per_step": self.model_flops_per_step,
+            "model_flops_convention": "train_flops_per_token (6N + 12*L*n_heads*head_dim*seq, full attention) x tokens",
+            "replication": self.replication,
+            "replication_note": "sum over devices of compiled per-device flops / analytic model flops per step "
+                                "(about 1 when no device repeats work; includes optimizer and elementwise flops)",
+            "collectives": self.cost.collectives_by_kind_and_axis(),
+            "collectives_by_kind": self.cost.collectives_by_kind(),
+            "compile_s": self.compile_s, "lower_s": self.lower_s, "params_total": self.params_total,
+            "cost": self.cost.to_dict(), "prediction": self.prediction.to_dict() if self.prediction else None,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "hardware": self.hardware, "kernel_profile": self.kernel_profile,
+        }
+
+
 def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     """(spec, FLOP/s ceiling for the whole mesh, note). Simulated CPU devices share the host: the host ceiling."""
-    from workbench.devices import is_simulated
-    from workbench.hardware import get_spec
 
     if hardware is None:
         return None, None, "no hardware ceiling requested"
@@ -274,22 +372,18 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
-                profile_steps: int = 0) -> dict:
+                profile_steps: int = 0) -> TrainResult:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
-    joined with their costs as 'kernel_profile' (workbench.measure.profile_kernels; not in the losses or timings),
-    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.dot_floor), 'step_floor_s' (their time
+    joined with their costs as 'kernel_profile' (workbench.measure.harness.profile_kernels; not in the losses or timings),
+    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.harness.dot_floor), 'step_floor_s' (their time
     per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
     took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
 
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
     """
-    from models.analytics import analytics
-    from workbench.compile import compile_program
-    from workbench.data import Batches, shard_batch, unigram_baseline
-    from workbench.measure import measure_steps, summarize
 
     steps = int(steps)
     if steps < 1:
@@ -307,7 +401,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     n_dev = mesh.size
     batches = Batches(batch_size, prog.seq_len, seed)
 
-    abs_state = _abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
+    abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
     abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in prog.batch.items()}
     comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=n_dev, analytic=analytic,
                            compute_dtype=np.dtype(prog.policy.compute_dtype).name)
@@ -327,7 +421,6 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     val_losses: list[tuple[int, float]] = [(0, evaluate())]
     next_batch = {"b": shard_batch(batches.train(0), prog.batch_sharding)}
 
-    from workbench.commands._common import ProgressBar
 
     bar = ProgressBar(steps, progress, "training")
 
@@ -364,15 +457,13 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     an = analytics(cfg, prog.seq_len)
     tokens = prog.tokens_per_step
     model_flops_step = an["train_flops_per_token"] * tokens
-    use_hlo = cost.has_loops and cost.hlo_flops > 1.5 * cost.flops
-    per_device_flops = cost.hlo_flops if use_hlo else cost.flops
+    per_device_flops = cost.counted_flops
 
     dtype = np.dtype(prog.policy.compute_dtype).name
     price_dtype = priced_dtype(prog.policy)  # the one rule predict uses too: fp8/MX policies at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
-        from workbench.measure import dot_floor, profile_kernels
 
         def traced_step(i):
             nonlocal state
@@ -386,36 +477,16 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
                               if (ceiling and floor["step_floor_s"]) else None)
         kernel_profile["dot_floor"] = floor
-    prediction = None
-    if spec is not None:
-        from workbench.roofline import predict
-
-        prediction = predict(cost, spec, dtype=price_dtype)
-    step_s = measurement.median_s if measurement else None
-    tokens_per_s = tokens / step_s if step_s else None
-    mfu = model_flops_step / step_s / ceiling if (step_s and ceiling) else None
+    prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
     last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
     base = unigram_baseline(batches.corpus)
-    return {
-        "preset_config": cfg.to_dict(), "strategy": prog.rules.name, "mesh": dict(mesh.shape), "n_devices": n_dev,
-        "precision": prog.policy.name, "precision_reason": precision_reason, "compute_dtype": dtype, "priced_dtype": price_dtype,
-        "batch_size": batch_size, "seq_len": prog.seq_len, "microbatches": microbatches, "steps": steps,
-        "seed": seed, "tokens_per_step": tokens,
-        "losses": losses_f, "val_losses": [[s, v] for s, v in val_losses], "val_loss": val_losses[-1][1],
-        "unigram_baseline_val": base["val_cross_entropy_nats"], "final_metrics": last,
-        "step_s": step_s, "step_s_iqr": measurement.iqr_s if measurement else None,
-        "tokens_per_s": tokens_per_s, "mfu": mfu, "mfu_ceiling_flops": ceiling, "mfu_note": ceiling_note,
-        "model_flops_per_step": model_flops_step,
-        "model_flops_convention": "train_flops_per_token (6N + 12*L*n_heads*head_dim*seq, full attention) x tokens",
-        "replication": per_device_flops * n_dev / model_flops_step if model_flops_step else None,
-        "replication_note": "sum over devices of compiled per-device flops / analytic model flops per step "
-                            "(about 1 when no device repeats work; includes optimizer and elementwise flops)",
-        "collectives": cost.collectives_by_kind_and_axis(),
-        "collectives_by_kind": cost.collectives_by_kind(),
-        "compile_s": comp.compile_s, "lower_s": comp.lower_s,
-        "params_total": an["params_total"],
-        "cost": cost.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-        "measurement": measurement.to_dict() if measurement else None,
-        "hardware": spec.name if spec else None, "kernel_profile": kernel_profile,
-    }
+    return TrainResult(
+        config=cfg, strategy=prog.rules.name, mesh=dict(mesh.shape), precision=prog.policy.name,
+        precision_reason=precision_reason, compute_dtype=dtype, priced_dtype=price_dtype, batch_size=batch_size,
+        seq_len=prog.seq_len, microbatches=microbatches, steps=steps, seed=seed, tokens_per_step=tokens,
+        losses=tuple(losses_f), val_losses=tuple(val_losses), unigram_baseline_val=base["val_cross_entropy_nats"],
+        final_metrics=last, measurement=measurement, mfu_ceiling_flops=ceiling, mfu_note=ceiling_note,
+        model_flops_per_step=model_flops_step, per_device_flops=per_device_flops, compile_s=comp.compile_s,
+        lower_s=comp.lower_s, params_total=an["params_total"], cost=cost, prediction=prediction,
+        hardware=spec.name if spec else None, kernel_profile=kernel_profile)
 

@@ -26,8 +26,8 @@ import math
 from typing import Any
 
 from partitioning.collectives import collective_time
-from workbench.costs import CostReport
-from workbench.hardware import HardwareSpec, Interconnect, dtype_name
+from workbench.cost.report import CostReport
+from workbench.hardware.spec import HardwareSpec, Interconnect, dtype_name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,10 +95,10 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
         notes.append(f"{cost.n_devices} simulated devices share this host: the whole mesh's work "
                      f"({cost.n_devices} × per-device costs) is predicted against the host ceilings")
 
-    use_hlo = cost.has_loops and cost.hlo_flops > 1.5 * cost.flops
-    flops = (cost.hlo_flops if use_hlo else cost.flops) * mult
-    nbytes = (cost.hlo_bytes if use_hlo else cost.bytes_accessed) * mult
-    trans = (max(cost.transcendentals, cost.hlo_transcendentals) if use_hlo else cost.transcendentals) * mult
+    use_hlo = cost.uses_hlo_counts
+    flops = cost.counted_flops * mult
+    nbytes = cost.counted_bytes * mult
+    trans = cost.counted_transcendentals * mult
     rate = spec.transcendentals_per_s
     if rate:
         t_trans = trans / rate

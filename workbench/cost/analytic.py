@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from workbench.costs import AnalyticCount
+from workbench.cost.report import AnalyticCount
 
 
 def _dot_flops(eqn) -> float:
@@ -68,11 +68,11 @@ def analytic_count(fn, *args, **kwargs) -> AnalyticCount:
         _, res = roofline.roofline(fn)(*args, **kwargs)
         rf, rb = float(res.flops), float(res.unfused_hbm_bytes)
     except Exception as e:  # rules missing for some primitive, or a tracing corner
-        return AnalyticCount(own_f, own_b, "workbench.analytic.jaxpr_dots",
+        return AnalyticCount(own_f, own_b, "workbench.cost.analytic.jaxpr_dots",
                              f"jax.experimental.roofline failed ({type(e).__name__}: {str(e)[:120]}); own rules used")
     if own_f > 1.5 * rf:
         # jax.experimental.roofline counts a scan body once; own rules multiply by the scan length
-        return AnalyticCount(own_f, own_b, "workbench.analytic.jaxpr_dots",
+        return AnalyticCount(own_f, own_b, "workbench.cost.analytic.jaxpr_dots",
                              f"jax.experimental.roofline counted {rf:.4g} flops (scan bodies once); own rules, which "
                              "scale scan bodies by their length, used")
     return AnalyticCount(rf, rb, "jax.experimental.roofline")

@@ -1,24 +1,25 @@
-"""Small helpers shared by CLI commands: JSON output, tables, progress."""
+"""Console output: JSON documents on stdout, tables, progress bars on stderr (used by commands, programs and benchmarks)."""
 from __future__ import annotations
 
 import json
 import sys
 from typing import Any
 
-from workbench.results import _clean
+from rich.console import Console
+from rich.progress import Progress, track
+from rich.table import Table
+
+from workbench.results.store import clean
 
 
 def emit_json(obj: Any) -> None:
     """Print one JSON document to stdout (NaN/inf become null)."""
-    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(clean(obj), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
 def print_table(rows: list[dict], columns: list[str] | None = None, title: str | None = None) -> None:
     """A rich table on stdout."""
-    from rich.console import Console
-    from rich.table import Table
-
     if not rows:
         print("(no rows)")
         return
@@ -43,14 +44,10 @@ def fmt(v: Any) -> str:
 
 def progress(iterable, total: int | None = None, desc: str = ""):
     """A progress bar on stderr (rich); plain iteration when stderr is not a terminal."""
-    from rich.progress import track
-
-    return track(iterable, total=total, description=desc, console=_stderr_console(), transient=True)
+    return track(iterable, total=total, description=desc, console=stderr_console(), transient=True)
 
 
-def _stderr_console():
-    from rich.console import Console
-
+def stderr_console():
     return Console(stderr=True)
 
 
@@ -62,9 +59,7 @@ class ProgressBar:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import Progress
-
-            self.p = Progress(console=_stderr_console(), transient=True)
+            self.p = Progress(console=stderr_console(), transient=True)
             self.p.__enter__()
             self.task = self.p.add_task(self.desc, total=self.total)
         return self

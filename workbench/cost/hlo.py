@@ -156,7 +156,8 @@ def parse_module(text: str) -> Module:
     return Module(comps, entry)
 
 
-def _attr(attrs: str, key: str) -> str | None:
+def attr(attrs: str, key: str) -> str | None:
+    """The value of `key=` in an HLO instruction's attribute text (a balanced {...} or one token), or None."""
     m = re.search(rf"\b{key}=", attrs)
     if not m:
         return None
@@ -181,7 +182,7 @@ def _trip_count(attrs: str, mod: "Module | None" = None) -> int:
     if m:
         return int(m.group(1))
     if mod is not None:
-        n = _trip_count_from_condition(mod, (_attr(attrs, "condition") or "").lstrip("%"))
+        n = _trip_count_from_condition(mod, (attr(attrs, "condition") or "").lstrip("%"))
         if n:
             return n
     return 1
@@ -193,7 +194,7 @@ def _trip_count_from_condition(mod: "Module", cond: str) -> int | None:
     if root is None or root.opcode != "compare" or len(root.operands) != 2:
         return None
     named = {i.name: i for i in body}
-    direction = _attr(root.attrs, "direction")
+    direction = attr(root.attrs, "direction")
     a, b = (named.get(o) for o in root.operands)
     if a is None or b is None:
         return None
@@ -227,13 +228,13 @@ def _multiplicities(mod: Module) -> dict[str, int]:
             if ins.opcode == "while":
                 n = _trip_count(ins.attrs, mod)
                 for key in ("body", "condition"):
-                    callee = (_attr(ins.attrs, key) or "").lstrip("%")
+                    callee = (attr(ins.attrs, key) or "").lstrip("%")
                     if callee in mod.computations:
                         mult[callee] = mult.get(callee, 0) + mult[c] * n
                         order.append(callee)
             elif ins.opcode in ("call", "conditional", "async-start"):
                 for key in ("to_apply", "calls", "branch_computations", "true_computation", "false_computation"):
-                    v = _attr(ins.attrs, key)
+                    v = attr(ins.attrs, key)
                     if not v:
                         continue
                     for callee in re.findall(r"%?([\w.\-]+)", v):
@@ -287,7 +288,7 @@ class CollectiveOp:
 
 def _dims(attrs: str, key: str) -> tuple[int, ...]:
     """The integers of a dimension-list attribute (lhs_contracting_dims={1,2} -> (1, 2)); () when absent."""
-    return tuple(int(d) for d in re.findall(r"\d+", _attr(attrs, key) or ""))
+    return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
 
 
 def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
@@ -325,7 +326,7 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
 
 def _window(attrs: str) -> dict[str, list]:
     """window={size=4x8 stride=3x7 pad=3_3x7_7 lhs_dilate=4x8 rhs_dilate=1x1} -> lists per spatial dimension."""
-    w = _attr(attrs, "window") or ""
+    w = attr(attrs, "window") or ""
     out: dict[str, list] = {}
     for key, val in re.findall(r"(\w+)=([\d_x\-]+)", w.strip("{}")):
         if key == "pad":
@@ -356,7 +357,7 @@ def conv_macs(attrs: str, lhs: Shape, rhs: Shape, out: Shape) -> tuple[int, int]
     rhs_reversal=0x1}`: each of 8 outputs meets one real input): counting every window tap of every output (2·|out|·
     |rhs|/out-features) overcounts those dots by the window size. Per pair the multiply-adds are the rhs's input
     features (feature groups already divide them; batch groups split the batch, not the features)."""
-    labels = _attr(attrs, "dim_labels") or ""
+    labels = attr(attrs, "dim_labels") or ""
     m = re.match(r"([\w]+)_([\w]+)->([\w]+)", labels)
     if not m or len(m.group(1)) != len(lhs.dims) or len(m.group(2)) != len(rhs.dims) or len(m.group(3)) != len(out.dims):
         # unknown layout: every kernel element per output feature
@@ -441,7 +442,7 @@ def computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[flo
 
 def called_computation(ins: Instr) -> str:
     """The computation a fusion (or call) instruction calls, '' when none."""
-    return (_attr(ins.attrs, "calls") or _attr(ins.attrs, "to_apply") or "").lstrip("%")
+    return (attr(ins.attrs, "calls") or attr(ins.attrs, "to_apply") or "").lstrip("%")
 
 
 def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
@@ -462,8 +463,8 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
             shp = ins.shapes
             if op == "fusion":
-                kind = (_attr(ins.attrs, "kind") or "fusion")
-                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                kind = (attr(ins.attrs, "kind") or "fusion")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize = _computation_cost(body, shapes)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
@@ -527,7 +528,7 @@ def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
                                    _dims(ins.attrs, "rhs_contracting_dims"), _dims(ins.attrs, "lhs_batch_dims"),
                                    _dims(ins.attrs, "rhs_batch_dims"), count))
             elif ins.opcode == "fusion" and depth < 4:
-                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 found += dots_in(mod.computations.get(callee, []), count, depth + 1)
         return found
 
@@ -638,7 +639,7 @@ def _fused_collectives(mod: Module, callee: str, depth: int = 0) -> list[tuple[s
         kind = _collective_kind(i.opcode)
         if kind is None:
             if i.opcode == "fusion" and depth < 4:
-                found += _fused_collectives(mod, (_attr(i.attrs, "calls") or "").lstrip("%"), depth + 1)
+                found += _fused_collectives(mod, (attr(i.attrs, "calls") or "").lstrip("%"), depth + 1)
             continue
         if kind == "all-reduce" and _feeds_dynamic_slice(i, users):
             found.append(("reduce-scatter", i, sum(sh.bytes for sh in i.shapes)))
@@ -668,7 +669,7 @@ def fusion_collective_role(mod: Module, ins: Instr) -> str | None:
     may still carry a copy of an in-flight collective). Such fusions are collectives, not kernels."""
     if ins.opcode != "fusion":
         return None
-    body = mod.computations.get((_attr(ins.attrs, "calls") or "").lstrip("%"), [])
+    body = mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), [])
     root = next((i for i in body if i.is_root), None)
     if any(i.opcode == "custom-call" and ASYNC_DONE_TARGET in i.attrs for i in body):
         return "done"
@@ -698,10 +699,10 @@ def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: d
         payload = operand_bytes or (shapes[0].bytes if shapes else 0)
     dtype = shapes[0].dtype if shapes else "?"
     if kind == "collective-permute":
-        groups = _expand_groups(_attr(ins.attrs, "source_target_pairs"))
+        groups = _expand_groups(attr(ins.attrs, "source_target_pairs"))
         gsize, ngroups = 2, max(len(groups), 1)
     else:
-        groups = _expand_groups(_attr(ins.attrs, "replica_groups"))
+        groups = _expand_groups(attr(ins.attrs, "replica_groups"))
         if groups:
             gsize, ngroups = len(groups[0]), len(groups)
         else:  # empty replica_groups: all devices in one group
@@ -733,9 +734,9 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
                 continue
             if op == "fusion":
                 role = fusion_collective_role(mod, ins)
-                callee = (_attr(ins.attrs, "calls") or "").lstrip("%")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 for kind, inner, payload in _fused_collectives(mod, callee):
-                    key = (_attr(inner.attrs, "channel_id"), kind, tuple(inner.shapes))
+                    key = (attr(inner.attrs, "channel_id"), kind, tuple(inner.shapes))
                     if role is None and key in seen:  # a compute fusion carrying an in-flight collective's copy
                         continue
                     seen.add(key)

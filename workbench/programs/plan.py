@@ -3,14 +3,14 @@
 Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
 the per-shard batch divides). Remat and microbatching only save memory, so by default they are compiled only for the
 strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every candidate
-goes through the same path as `workbench predict` (workbench.predict): lowered for the target's devices in this
+goes through the same path as `workbench predict` (workbench.programs.predict): lowered for the target's devices in this
 thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
-workbench.roofline. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
+workbench.roofline.prediction. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
 say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
 rest are ranked by predicted step time.
 
 Caching. GPU targets compiled for simulated CPU devices use JAX's persistent compilation cache
-(workbench.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
+(workbench.hardware.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
 libtpu's compile-only devices (deserialising needs a TPU client: "PjRtCompiler must be constructed with a Client"),
 so TPU candidates use an outcome cache instead: the candidate's record (costs, prediction, fit) is stored under
 .cache/plan/ keyed by a hash of the lowered StableHLO text, the target, and the jax/jaxlib/libtpu versions — a
@@ -22,36 +22,22 @@ import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import time
 from typing import Any, Callable
 
+from models.presets import get_config
 from partitioning import topology as topo
-from workbench import predict as wp
+from partitioning.rules import strategies as all_strategies
+from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import enable_compilation_cache
+from workbench.programs import predict as wp
+from workbench.programs.validation import validation_error
+from workbench.results.store import Store, make_record
 
 REMATS = ("none", "per-layer", "offload")  # offload (host memory): TPU targets only (pinned host memory)
 MICROBATCHES = (1, 2, 4)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def meshes_for(strategy: str, n: int, cfg, seq: int) -> list[dict[str, int]]:
-    """Mesh factorizations a strategy can use on n chips (axes the strategy ignores are not enumerated)."""
-    if strategy in ("dp", "fsdp"):
-        return [{"data": n}]
-    if strategy in ("tp", "fsdp+tp"):
-        return [{"data": n // m, "model": m} for m in _divisors(n) if m > 1]
-    if strategy == "sp":
-        return [{"data": n // s, "seq": s} for s in _divisors(n) if s > 1 and seq % s == 0]
-    if strategy == "ep":
-        if not cfg.is_moe:
-            return []
-        return [{"data": n // e, "expert": e} for e in _divisors(math.gcd(n, cfg.n_experts)) if e > 1]
-    return []
 
 
 def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq: int | None = None,
@@ -59,8 +45,6 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
                          gpu_compiler: str = "auto") -> list[wp.PredictSpec]:
     """All candidate specs in priority order: every strategy × mesh without remat or microbatching first, then
     per-layer remat, then microbatching (so --max-candidates keeps the widest variety)."""
-    from models.presets import get_config
-    from partitioning.rules import strategies as all_strategies
 
     t = topo.parse_target(target)
     cfg = get_config(preset, overrides)
@@ -72,8 +56,8 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
             raise WorkbenchError(f"unknown strategy {s!r}; choose from {', '.join(all_strategies())}")
     tiers: list[list[wp.PredictSpec]] = [[], [], []]
     for s in strats:
-        for axes in meshes_for(s, t.n_chips, cfg, seq):
-            nb = wp.batch_axes(s, axes)
+        for axes in get_strategy(s).mesh_candidates(t.n_chips, cfg, seq):
+            nb = get_strategy(s).batch_ways(axes)
             if batch % nb:
                 continue
             mesh = ",".join(f"{k}={v}" for k, v in axes.items())
@@ -187,7 +171,6 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     budget = max_candidates if max_candidates is not None else total
     compiler = topo.gpu_compiler_for(t, gpu_compiler)
     if compiler == "cpu-sim" and use_cache:
-        from workbench.devices import enable_compilation_cache
 
         enable_compilation_cache()
     workers = workers or default_workers()
@@ -226,7 +209,6 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     result["n_pruned"] = len(pruned)
     result["exhaustive"] = exhaustive
     if store:
-        from workbench.results import Store, make_record
 
         Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
                                             "seq": result["seq"], "max_candidates": max_candidates,
@@ -342,8 +324,6 @@ def _row(o: Outcome) -> dict:
 def prediction_error(t: topo.Target) -> dict:
     """The error this target's predictions have shown against published runs (benchmarks.published_validation's
     latest record for the chip family), or why none is known. Printed beside every predicted step time."""
-    from workbench.programs.validation import validation_error
-
     fam = t.name.split(":")[0]
     v = validation_error(fam)
     if v is None:

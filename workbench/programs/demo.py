@@ -10,6 +10,13 @@ import json
 import os
 import statistics
 
+from workbench.measure.calibrate import get_spec
+from workbench.programs.experiment import run_program, summary
+from workbench.programs.ops import build
+from workbench.results.console import print_table
+from workbench.results.console import progress as bar
+from workbench.results.figures import markdown_table, roofline_chart
+
 # (op, sizes): small to large, spanning memory- and compute-bound
 SUITE = [
     ("matmul", {"m": 256, "n": 256, "k": 256}),
@@ -29,9 +36,6 @@ TINY_SUITE = [("matmul", {"m": 128, "n": 128, "k": 128}), ("elementwise", {"n": 
 def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, store=None,
               kind: str = "roofline-op", progress: bool = True, also_predict=()) -> list[dict]:
     """Run ops through the spine; return summary rows (one record each in the store)."""
-    from workbench.commands._common import progress as bar
-    from workbench.experiment import run_program, summary
-    from workbench.ops import build
 
     rows = []
     items = bar(suite, total=len(suite), desc="ops") if progress else suite
@@ -49,9 +53,6 @@ def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, 
 
 
 def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
-    from workbench.commands._common import print_table
-    from workbench.hardware import get_spec
-    from workbench.report import markdown_table, roofline_chart
 
     spec = get_spec("host")
     rows = run_suite(TINY_SUITE if tiny else SUITE, repeats=5 if tiny else 10)

@@ -4,22 +4,15 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from workbench.errors import WorkbenchError
+from workbench.cost.compile import compile_program
+from workbench.hardware.hostmem import check_fits
+from workbench.hardware.spec import HardwareSpec
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import measure, random_inputs
+from workbench.results.store import Store, make_record
+from workbench.roofline.prediction import predict
 
-
-def check_fits_host(nbytes: float, what: str) -> None:
-    """Refuse programs that would not fit in this host's available memory (before allocating anything)."""
-    avail = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-    except OSError:
-        return
-    if avail and nbytes > 0.8 * avail:
-        raise WorkbenchError(f"{what} needs {nbytes / 2**30:.1f} GiB but this host has {avail / 2**30:.1f} GiB "
-                             "available; use smaller sizes, or --target CHIP to predict without running")
+FIX = "use smaller sizes, or --target CHIP to predict without running"
 
 
 def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None,
@@ -28,22 +21,16 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None
     """Compile fn for abstract `args`; predict on `target` (a name or HardwareSpec; default: the calibrated host);
     when run=True and the devices are local (the host, or a GPU/TPU host running this), measure on random inputs;
     predictions for `also_predict` specs go into extra; append the record to the store and return it."""
-    from workbench.compile import compile_program
-    from workbench.hardware import get_spec
-    from workbench.measure import measure, random_inputs
-    from workbench.results import Store, make_record
-    from workbench.roofline import predict
 
     arg_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in args)
-    from workbench.hardware import HardwareSpec
 
     local = target is None or target == "host" or isinstance(target, HardwareSpec)
     if local and run and not isinstance(target, HardwareSpec):
-        check_fits_host(arg_bytes, spec.get("op", "program"))
+        check_fits(arg_bytes, spec.get("op", "program"), FIX)
     comp = compile_program(fn, *args, compute_dtype=compute_dtype)
     cost = comp.cost
     if local and run and not isinstance(target, HardwareSpec):
-        check_fits_host(cost.peak_memory_bytes, spec.get("op", "program"))
+        check_fits(cost.peak_memory_bytes, spec.get("op", "program"), FIX)
     hw = target if isinstance(target, HardwareSpec) else get_spec(target or "host")
     pred = predict(cost, hw)
     extra = dict(extra or {})

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from workbench.results.console import fmt
+
 
 def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: str = "float32") -> str:
     """Log-log roofline: the spec's ceilings (measured XLA and, for the host, physical), its ridge point, and each
@@ -56,7 +58,6 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    from workbench.commands._common import fmt
 
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
@@ -67,7 +68,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = None, title: str = "") -> str:
     """Two panels from benchmarks.mfu rows: MFU per case (devices × strategy × mesh × batch) with the target for
     its device count drawn as a dashed tick and, where the row has one, the bound its dots alone set (`mfu_bound`,
-    workbench.measure.dot_floor) as a hollow bar; below, the measured kernel time per class as shares of each
+    workbench.measure.harness.dot_floor) as a hollow bar; below, the measured kernel time per class as shares of each
     case's total."""
     import matplotlib
 

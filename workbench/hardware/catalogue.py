@@ -1,6 +1,6 @@
 """Hardware catalogue: published per-chip figures for the accelerators the workbench predicts on, each with its source.
 
-Pure data (no JAX import). `workbench.hardware` turns each entry into a `HardwareSpec`; this module only states facts.
+Pure data (no JAX import). `workbench.hardware.spec` turns each entry into a `HardwareSpec`; this module only states facts.
 
 Each figure is a tuple ``(value, source, date_read, note)``:
   value      the number in SI units (FLOP/s, bytes, bytes/s, seconds, results/s) or a count/shape; None when the
