@@ -291,11 +291,18 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
 
 
-def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
+def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Module | None" = None,
+                      depth: int = 0) -> tuple[float, float, float, float]:
     """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
-    root of m·n·k per batch element: what decides how close a matmul library gets to peak."""
+    root of m·n·k per batch element: what decides how close a matmul library gets to peak. With `mod`, fusions nested
+    inside the computation (libtpu nests convolution fusions in output fusions) are counted too."""
     flops = trans = dot_flops = dot_size = 0.0
     for ins in instrs:
+        if ins.opcode == "fusion" and mod is not None and depth < 4:
+            f, t, df, ds = _computation_cost(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []),
+                                             shapes, mod, depth + 1)
+            flops, trans, dot_flops, dot_size = flops + f, trans + t, dot_flops + df, max(dot_size, ds)
+            continue
         out = ins.shapes
         n = out[0].elements if out else 0
         if ins.opcode in ("dot", "convolution"):
@@ -466,7 +473,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 kind = (attr(ins.attrs, "kind") or "fusion")
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
-                flops, trans, dflops, dsize = _computation_cost(body, shapes)
+                flops, trans, dflops, dsize = _computation_cost(body, shapes, mod)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
             else:
                 kind = op

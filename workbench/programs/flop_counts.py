@@ -10,8 +10,9 @@
                called computations × their callers, dots written as convolutions counted by the window taps that
                meet real input (libtpu routes batch and head dimensions through windows, padding and lhs dilation)
 
-`expected` = analytic × the recompute the remat policy implies (per-layer and offload: the layers' forward runs
-twice; dots: only the non-matmul work is recomputed, ≈ 1) — the factor the record can explain. `used` is the count
+`expected` = analytic × the recompute the remat policy implies (per-layer: the layers' forward runs again, but for
+the MLP down projection; offload: also not the q/k/v projections; dots: only non-matmul work is recomputed, ≈ 1) —
+the factor the record can explain. `used` is the count
 the prediction prices: the HLO kernel sum when the optimized HLO was read (it is per kernel, loop-aware, and what the
 kernel-level roofline sums), the compiler's count otherwise. Each count's ratio to `expected` is in the record; a
 count more than 25 % away from it gets a note naming the likely cause.
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.analytics import analytics, matmul_params_active
+from models.analytics import analytics
 
-# Per-layer rematerialization runs each layer's forward again in the backward pass: the forward is 2 of the 6
-# FLOPs per parameter per token (and 1/3 of the attention term) — Chowdhery et al. 2022 (PaLM), appendix B.
-REMAT_RECOMPUTE = {"none": 0.0, "dots": 0.0, "per-layer": 1.0, "offload": 1.0}
-
-
+# Rematerialization recomputes each layer's forward in the backward pass (Chowdhery et al. 2022, PaLM, appendix B:
+# the forward is 2 of the 6 FLOPs per parameter per token), except what the backward does not need: the layer's last
+# matmul (the MLP down projection feeds only the next layer's input, which is the saved checkpoint) and, with
+# offload, the q/k/v projections (their outputs come back from host memory). Measured on libtpu's HLO of an unrolled
+# 6-layer program: the recomputed dots match this count exactly (docs/accuracy-tpu.md).
+REMATS_RECOMPUTING = ("per-layer", "offload")
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
     analytic: float        # per device, the model convention
@@ -50,14 +52,24 @@ class FlopCounts:
                 "notes": list(self.notes)}
 
 
+def layer_forward_flops(cfg, seq: int) -> dict[str, float]:
+    """Forward matmul FLOPs per token of one layer, by part (dense layers; MoE: the active experts)."""
+    d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    experts = cfg.top_k if cfg.is_moe else 1
+    up = (2 if cfg.mlp == "swiglu" else 1) * 2 * d * f * experts
+    return {"qkv": 2 * d * (n + 2 * k) * h, "attention": 4 * n * h * seq, "out": 2 * n * h * d, "mlp_up": up,
+            "mlp_down": 2 * f * d * experts, "router": 2 * d * cfg.n_experts if cfg.is_moe else 0}
+
+
 def remat_factor(cfg, mode: str, seq: int) -> float:
-    """Step flops / model flops the remat policy implies: 1 + (layers' forward flops / train flops) × recompute."""
-    if mode != "train":
+    """Step flops / model flops the remat policy implies: 1 + recomputed forward flops / train flops."""
+    if mode != "train" or cfg.remat not in REMATS_RECOMPUTING:
         return 1.0
     a = analytics(cfg, seq)
-    head = cfg.vocab_size * cfg.d_model
-    layers_fwd = 2 * (matmul_params_active(cfg) - head) + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
-    return 1.0 + REMAT_RECOMPUTE.get(cfg.remat, 0.0) * layers_fwd / a["train_flops_per_token"]
+    part = layer_forward_flops(cfg, seq)
+    skip = {"mlp_down"} | ({"qkv"} if cfg.remat == "offload" else set())
+    recompute = cfg.n_layers * sum(v for p, v in part.items() if p not in skip)
+    return 1.0 + recompute / a["train_flops_per_token"]
 
 
 def reconcile(cost, model_flops_step: float, n_chips: int, cfg, mode: str, seq: int,
