@@ -51,6 +51,11 @@ def validate(run) -> dict:
         row.update(fits=False, compiled=False, reason=str(e), step_error=None, mfu_error=None,
                    wall_s=time.perf_counter() - t0)
         return row
+    except Exception as e:  # noqa: BLE001 - a compiler failure on one run must not end the validation
+        row.update(fits=False, compiled=False, reason=f"compile failed: {type(e).__name__}: "
+                                                      f"{' '.join(str(e).split())[:300]}",
+                   step_error=None, mfu_error=None, wall_s=time.perf_counter() - t0)
+        return row
     pub_step, how = run.published_step(body["model_flops_per_step"])
     pub_mfu = float(run.row["mfu"]) if run.row.get("mfu") else None
     pred_step, pred_mfu = body.get("predicted_step_s"), body.get("predicted_mfu")

@@ -682,11 +682,16 @@ def fusion_collective_role(mod: Module, ins: Instr) -> str | None:
         return "done"
     if root is not None and root.opcode == "custom-call" and ASYNC_START_TARGET in root.attrs:
         return "start"
-    if any(_collective_kind(i.opcode) for i in body):
-        compute = {"convolution", "dot", "dynamic-update-slice"}
-        if not any(i.opcode in compute for i in body):
-            return "collective"
+    if any(_collective_kind(i.opcode) for i in body) and all(
+            i.opcode in _PLUMBING_OPS or _collective_kind(i.opcode) for i in body):
+        return "collective"
     return None
+
+
+# what a collective fusion holds besides its collective: operands, the offset of this device's slice, the slice
+_PLUMBING_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy", "dynamic-slice", "slice",
+                 "partition-id", "replica-id", "multiply", "add", "subtract", "convert", "reshape", "broadcast",
+                 "iota", "compare", "select", "custom-call"}
 
 
 def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: dict[str, Instr], mesh,
