@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 
 # command modules, registered in this order; each defines register(app: typer.Typer)
 COMMAND_MODULES = ["hw", "calibrate", "roofline", "results", "demo", "model_info", "run", "predict", "plan",
-                   "precision", "moe"]
+                   "precision", "moe", "sweep", "paper"]
 
 
 def _register():
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hardware/hostmem.py)
         reexec_with_hugepages()
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # a command's typer.Exit(n) comes back as n
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
         return 0
     except WorkbenchError as e:
         print(f"workbench: error: {e}", file=sys.stderr)

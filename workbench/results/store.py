@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import platform
 import socket
 import subprocess
 import uuid
+from importlib import metadata
 from typing import Any
 
 from workbench.errors import WorkbenchError
@@ -97,13 +99,36 @@ class Store:
             raise WorkbenchError(f"cannot read {self.path}: {e.strerror}") from None
         return out
 
+    def query(self, kind: str | None = None, sweep: str | None = None, since: str | None = None, **spec):
+        """Records as a DataFrame (see load), filtered: `kind`; `sweep` (a sweep's name or id); `since` (ISO date or
+        time, compared with provenance.time); any other keyword must equal that key of the record's spec
+        (`op="matmul"`). Every notebook reads the store through this."""
+        import pandas as pd  # noqa: PLC0415
+
+        recs = []
+        for r in self.records(kind):
+            prov = r.get("provenance") or {}
+            sw = prov.get("sweep") or {}
+            if sweep is not None and sweep not in (sw.get("name"), sw.get("id")):
+                continue
+            if since is not None and str(prov.get("time", "")) < since:
+                continue
+            if any((r.get("spec") or {}).get(k) != v for k, v in spec.items()):
+                continue
+            recs.append(r)
+        return self._frame(recs) if recs else pd.DataFrame()
+
     def load(self, kind: str | None = None):
         """Records as a pandas DataFrame, nested fields flattened with dots (costs.flops, prediction.bound...)."""
-        import pandas as pd
+        import pandas as pd  # noqa: PLC0415
 
         recs = self.records(kind)
-        if not recs:
-            return pd.DataFrame()
+        return self._frame(recs) if recs else pd.DataFrame()
+
+    @staticmethod
+    def _frame(recs: list[dict]):
+        import pandas as pd  # noqa: PLC0415
+
         slim = []
         for r in recs:
             r = dict(r)
@@ -113,7 +138,8 @@ class Store:
         return pd.json_normalize(slim, max_level=2)
 
 
-def _git() -> dict:
+def git_info() -> dict:
+    """The code's commit and whether the work tree has uncommitted changes to tracked files (None outside git)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -125,9 +151,18 @@ def _git() -> dict:
         return {"git_sha": None, "git_dirty": None}
 
 
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def provenance(seed: int | None = None) -> dict:
-    import jax
-    import jaxlib
+    """Where a record came from: code (commit, dirty flag), packages (jax, jaxlib, libtpu, flax), XLA flags, host and
+    its calibration fingerprint, devices, date; and, inside `workbench sweep`, the sweep and point it belongs to."""
+    import jax  # noqa: PLC0415 - the store itself stays importable without JAX (fast CLI start-up)
+    import jaxlib  # noqa: PLC0415
 
     try:
         import flax
@@ -141,8 +176,22 @@ def provenance(seed: int | None = None) -> dict:
         "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(), "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
-        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **_git(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **git_info(),
+        "libtpu": _version("libtpu"), "host_fingerprint": host_fingerprint(),
+        **({"sweep": json.loads(os.environ["WORKBENCH_SWEEP"])} if os.environ.get("WORKBENCH_SWEEP") else {}),
     }
+
+
+def host_fingerprint() -> str:
+    """A short id of this host's CPU, cores and memory (the calibration cache is keyed by it plus the jax version)."""
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "mem": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["model"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def make_record(kind: str, spec: dict, cost=None, prediction=None, measurement=None, extra: dict | None = None,
