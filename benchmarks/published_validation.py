@@ -40,7 +40,8 @@ def validate(run) -> dict:
     """Compile one published run for its target and compare."""
 
     spec = run.spec()
-    row = {"name": run.name, "chip": run.chip, "target": run.row["target"], "framework": run.row["framework"],
+    row = {"name": run.name, "chip": run.chip, "target": run.row["target"], "slice": run.row["target"],
+           "framework": run.row["framework"],
            "strategy": spec.strategy, "mesh": spec.mesh, "batch": spec.batch, "seq": spec.seq,
            "microbatches": spec.microbatches, "remat_published": run.row["remat"], "remat": spec.remat,
            "policy": spec.policy, "source": run.row["source"], "commit": run.row["commit"] or None}
