@@ -1,7 +1,7 @@
 # ruff: noqa: E501
 """Reading libtpu's optimized HLO (no compile): loop trip counts from the condition, dots written as windowed
 convolutions, collectives hidden in kCustom fusions and async start/done fusion pairs, dot precision. The same
-forms compiled by libtpu are tested in tests/test_tpu_programs.py."""
+forms compiled by libtpu are tested in tests/programs/test_tpu_programs.py."""
 from workbench.cost import hlo
 from workbench.roofline import pricing
 
