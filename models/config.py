@@ -16,7 +16,7 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
-REMATS = ("none", "per-layer", "dots")
+REMATS = ("none", "per-layer", "dots", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
 
 
@@ -57,6 +57,8 @@ class ModelConfig:
     # memory
     remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass) | 'dots'
     #                      (save only matmul outputs, recompute norms, softmax and activations in the backward pass)
+    #                      | 'offload' (layer inputs and q/k/v projections offloaded to host memory, the rest
+    #                      recomputed: models/transformer.py OFFLOADED_NAMES)
     # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
     # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per
     # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).

@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
 from models.moe import MoEBlock
@@ -91,7 +92,8 @@ class Attention(nnx.Module):
         q_btnh = constrain(q_btnh, ("batch", "seq", "heads", "head_dim"), "query")
         k_btkh = constrain(k_btkh, ("batch", "seq", "kv_heads", "head_dim"), "key")
         v_btkh = constrain(v_btkh, ("batch", "seq", "kv_heads", "head_dim"), "value")
-        return q_btnh, k_btkh, v_btkh
+        # names for remat policies (models/transformer.py OFFLOADED_NAMES)
+        return checkpoint_name(q_btnh, "query"), checkpoint_name(k_btkh, "key"), checkpoint_name(v_btkh, "value")
 
     def attend(self, q_btnh, k_bskh, v_bskh, mask_bts, causal_blocks: int = 1):
         """Softmax(q k^T / sqrt(h)) v over the key positions allowed by mask_bts (True = attend).

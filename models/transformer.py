@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
 from models.layers import Block, Norm
@@ -37,6 +38,10 @@ class Transformer(nnx.Module):
         policy = get_policy("float32") if policy is None else get_policy(policy)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.cfg, self.policy_name = cfg, policy.name
+        # the residual stream between layers (what rematerialization saves per layer) is stored in the compute dtype,
+        # as MaxText does; each block adds in float32 (models/layers.py). float32 policies keep float32 throughout.
+        self.residual_dtype = jnp.dtype(policy.compute_dtype) if jnp.dtype(policy.compute_dtype).itemsize >= 2 \
+            else jnp.dtype(jnp.bfloat16)
         d, v = cfg.d_model, cfg.vocab_size
         self.w_vd = param(rngs, normal(0.02), (v, d), ("vocab", "embed"))  # token embedding (and tied head)
         if cfg.pos == "learned":
@@ -73,11 +78,14 @@ class Transformer(nnx.Module):
         b, t = tokens_bt.shape
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        x_btd = self.embed(tokens_bt, positions_bt)
-        call = {"per-layer": _remat_block, "dots": _remat_dots_block}.get(self.cfg.remat, _block)
+        rd = self.residual_dtype
+        x_btd = self.embed(tokens_bt, positions_bt).astype(rd)
+        call = {"per-layer": _remat_block, "dots": _remat_dots_block, "offload": _remat_offload_block
+                }.get(self.cfg.remat, _block)
         if self.cfg.scan_layers:
             def body(x_btd, block):
-                return call(block, x_btd, positions_bt)
+                x_btd, aux = call(block, x_btd, positions_bt)
+                return x_btd.astype(rd), aux
 
             x_btd, aux_l = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(x_btd, self.blocks)
             aux = {k: (v.sum() if k == "loss" else v.mean()).astype(jnp.float32) for k, v in aux_l.items()}
@@ -85,12 +93,13 @@ class Transformer(nnx.Module):
         auxes = []
         for block in self.blocks:
             x_btd, aux = call(block, x_btd, positions_bt)
+            x_btd = x_btd.astype(rd)
             auxes.append(aux)
         return self.head(x_btd), combine_aux(auxes)
 
 
 def _block(block, x_btd, positions_bt):
-    return block(x_btd, positions_bt)
+    return block(checkpoint_name(x_btd, "layer_input"), positions_bt)
 
 
 _remat_block = nnx.remat(_block)
@@ -98,6 +107,12 @@ _remat_block = nnx.remat(_block)
 # XLA:CPU writing every elementwise residual into the scan's stacked buffers and reading it back cost more than
 # recomputing it (small: 0.75 -> 0.68 s/step, docs/models.md).
 _remat_dots_block = nnx.remat(_block, policy=jax.checkpoint_policies.dots_saveable)
+# Host offloading (MaxText's remat_policy 'offload'-style): the layer input and the attention projections are copied
+# to pinned host memory in the forward pass and back for the backward pass; everything else is recomputed.
+OFFLOADED_NAMES = ("layer_input", "query", "key", "value")
+_remat_offload_block = nnx.remat(_block, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES), offload_src="device",
+    offload_dst="pinned_host"))
 
 
 def count_params(model: nnx.Module) -> int:

@@ -18,7 +18,7 @@ def test_enumeration_covers_strategies_meshes_remat_microbatches():
     keys = {(s.strategy, s.mesh, s.remat, s.microbatches) for s in c}
     assert len(keys) == len(c)  # no duplicates
     assert {s.strategy for s in c} == {"dp", "fsdp", "tp", "fsdp+tp", "sp"}  # ep only for MoE models
-    assert {s.remat for s in c} == {"none", "per-layer"} and {s.microbatches for s in c} == {1, 2, 4}
+    assert {s.remat for s in c} == {"none", "per-layer", "offload"} and {s.microbatches for s in c} == {1, 2, 4}
     assert {s.mesh for s in c if s.strategy == "tp"} == {"data=8,model=2", "data=4,model=4", "data=2,model=8",
                                                          "data=1,model=16"}
     # priority order: every strategy x mesh plain first, then remat, then microbatching
@@ -99,3 +99,9 @@ def test_plan_ranks_and_caches(results_dir, tmp_path, monkeypatch):
         [(x["strategy"], x["mesh"], x["predicted_step_s"]) for x in r["ranking"]]
     kinds = [rec["kind"] for rec in Store().records()]
     assert kinds.count("plan") == 2 and kinds.count("predict") == 4
+
+
+def test_offload_candidates_only_for_tpu_targets():
+    """Host offloading needs pinned host memory the TPU compiler places; GPU targets are not offered it."""
+    assert "offload" not in {s.remat for s in wplan.enumerate_candidates("tiny", "h100:8", batch=8)}
+    assert "offload" in {s.remat for s in wplan.enumerate_candidates("tiny", "tpu-v5e:2x2", batch=8)}

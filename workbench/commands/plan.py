@@ -77,8 +77,11 @@ def register(app: typer.Typer) -> None:
         if as_json:
             emit_json(r)
             return
+        err = r.get("prediction_error") or {}
+        err_col = f"±{err['median_error']:.0%}" if err.get("median_error") is not None else "unknown"
         rows = [{"#": x["rank"], "strategy": x["strategy"], "mesh": x["mesh"], "remat": x["remat"],
-                 "mb": x["microbatches"], "step s": x["predicted_step_s"], "MFU": x["predicted_mfu"],
+                 "mb": x["microbatches"], "step s": x["predicted_step_s"], "error": err_col,
+                 "compute s": x["compute_s"], "MFU": x["predicted_mfu"],
                  "GiB/dev": x["memory_per_device_bytes"] / 2**30, "bound": x["bound"],
                  "comm s": x["comm_s"], "cached": "yes" if x["cached"] else ""} for x in r["ranking"][:top]]
         table(rows, f"workbench plan · {preset} on {tgt.name} · batch {r['batch']} × seq {r['seq']}")
@@ -86,3 +89,4 @@ def register(app: typer.Typer) -> None:
               f"{r['n_does_not_fit']} do not fit, {r['n_invalid']} invalid, {r['n_pruned']} pruned: remat/"
               f"microbatching of programs that already fit) in {fmt(r['elapsed_s'])}s with {r['workers']} workers")
         print(r["explanation"])
+        print(f"predicted step times: {err.get('text')}")

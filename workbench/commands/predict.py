@@ -82,8 +82,9 @@ def register(app: typer.Typer) -> None:
         batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
         mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
-        remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | auto (the preset's; per-layer when "
-                                                          "that does not fit)"),
+        remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | offload (layer inputs and q/k/v "
+                                                          "to host memory) | auto (the preset's; per-layer when that "
+                                                          "does not fit)"),
         microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step"),
         policy: str = typer.Option("bf16", "--policy", help="precision policy (bf16, float32, ...)"),
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),

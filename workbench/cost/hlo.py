@@ -174,9 +174,44 @@ def attr(attrs: str, key: str) -> str | None:
     return m2.group(0) if m2 else None
 
 
-def _trip_count(attrs: str) -> int:
+def _trip_count(attrs: str, mod: "Module | None" = None) -> int:
+    """A while loop's trip count: XLA's `known_trip_count` backend config (XLA:CPU/GPU), else read from the loop
+    condition (libtpu's optimized HLO carries none): `compare(get-tuple-element(param), constant(N)), direction=LT`
+    with the counter starting at 0 runs N times (LE: N + 1). 1 when neither says."""
     m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', attrs)
-    return int(m.group(1)) if m else 1
+    if m:
+        return int(m.group(1))
+    if mod is not None:
+        n = _trip_count_from_condition(mod, (attr(attrs, "condition") or "").lstrip("%"))
+        if n:
+            return n
+    return 1
+
+
+def _trip_count_from_condition(mod: "Module", cond: str) -> int | None:
+    body = mod.computations.get(cond, [])
+    root = next((i for i in body if i.is_root), None)
+    if root is None or root.opcode != "compare" or len(root.operands) != 2:
+        return None
+    named = {i.name: i for i in body}
+    direction = attr(root.attrs, "direction")
+    a, b = (named.get(o) for o in root.operands)
+    if a is None or b is None:
+        return None
+    if a.opcode == "constant" and b.opcode == "get-tuple-element":  # N > i
+        a, b = b, a
+        direction = {"GT": "LT", "GE": "LE"}.get(direction, direction)
+    if a.opcode != "get-tuple-element" or b.opcode != "constant":
+        return None
+    mm = re.match(r"\s*(-?\d+)", b.raw_operands)
+    if not mm:
+        return None
+    n = int(mm.group(1))
+    if direction == "LT":
+        return max(n, 0)
+    if direction == "LE":
+        return max(n + 1, 0)
+    return None
 
 
 def _multiplicities(mod: Module) -> dict[str, int]:
@@ -191,7 +226,7 @@ def _multiplicities(mod: Module) -> dict[str, int]:
         seen.add(c)
         for ins in mod.computations.get(c, []):
             if ins.opcode == "while":
-                n = _trip_count(ins.attrs)
+                n = _trip_count(ins.attrs, mod)
                 for key in ("body", "condition"):
                     callee = (attr(ins.attrs, key) or "").lstrip("%")
                     if callee in mod.computations:
@@ -258,11 +293,18 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
 
 
-def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
+def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Module | None" = None,
+                      depth: int = 0) -> tuple[float, float, float, float]:
     """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
-    root of m·n·k per batch element: what decides how close a matmul library gets to peak."""
+    root of m·n·k per batch element: what decides how close a matmul library gets to peak. With `mod`, fusions nested
+    inside the computation (libtpu nests convolution fusions in output fusions) are counted too."""
     flops = trans = dot_flops = dot_size = 0.0
     for ins in instrs:
+        if ins.opcode == "fusion" and mod is not None and depth < 4:
+            f, t, df, ds = _computation_cost(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []),
+                                             shapes, mod, depth + 1)
+            flops, trans, dot_flops, dot_size = flops + f, trans + t, dot_flops + df, max(dot_size, ds)
+            continue
         out = ins.shapes
         n = out[0].elements if out else 0
         if ins.opcode in ("dot", "convolution"):
@@ -274,13 +316,10 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
                     k = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims")]))
                     batch = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_batch_dims")]))
             else:
-                # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
+                lhs = shapes.get(ins.operands[0]) if ins.operands else None
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
-                if rhs is not None and rhs.dims:
-                    labels = attr(ins.attrs, "dim_labels") or ""
-                    rl = labels.split("_", 1)[1].split("->")[0] if "_" in labels else ""
-                    o = rl.index("o") if "o" in rl and len(rl) == len(rhs.dims) else len(rhs.dims) - 1
-                    k = int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
+                if lhs is not None and rhs is not None and out:
+                    n, k = conv_macs(ins.attrs, lhs, rhs, out[0])
             flops += 2.0 * n * k
             dot_flops += 2.0 * n * k
             dot_size = max(dot_size, (max(n // max(batch, 1), 1) * k) ** (1.0 / 3.0))
@@ -292,6 +331,64 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[fl
             src = shapes.get(ins.operands[0])
             flops += src.elements if src else 0
     return flops, trans, dot_flops, dot_size
+
+
+def _window(attrs: str) -> dict[str, list]:
+    """window={size=4x8 stride=3x7 pad=3_3x7_7 lhs_dilate=4x8 rhs_dilate=1x1} -> lists per spatial dimension."""
+    w = attr(attrs, "window") or ""
+    out: dict[str, list] = {}
+    for key, val in re.findall(r"(\w+)=([\d_x\-]+)", w.strip("{}")):
+        if key == "pad":
+            out[key] = [tuple(int(x) for x in p.split("_")) for p in val.split("x")]
+        elif key in ("size", "stride", "lhs_dilate", "rhs_dilate"):
+            out[key] = [int(x) for x in val.split("x")]
+    return out
+
+
+def _valid_taps(size_in: int, size_out: int, window: int, stride: int, lo: int, lhs_dilate: int,
+                rhs_dilate: int) -> int:
+    """(output position, window tap) pairs along one spatial dimension whose tap lands on a real input element
+    (not padding, not a hole of lhs dilation): the multiply-adds that dimension contributes."""
+    o = np.arange(size_out, dtype=np.int64)[:, None]
+    total = 0
+    for w0 in range(0, window, 4096):  # chunks of taps: bounded memory for long windows
+        w = np.arange(w0, min(window, w0 + 4096), dtype=np.int64)[None, :]
+        p = o * stride + w * rhs_dilate - lo
+        ok = (p >= 0) & (p <= (size_in - 1) * lhs_dilate) & (p % lhs_dilate == 0)
+        total += int(ok.sum())
+    return total
+
+
+def conv_macs(attrs: str, lhs: Shape, rhs: Shape, out: Shape) -> tuple[int, int]:
+    """(output elements outside the spatial dims × the spatial (output, tap) pairs that touch real input,
+    multiply-adds per such pair) of a convolution. libtpu writes batched matmuls as convolutions whose windows,
+    padding, strides and lhs dilation only route batch or head dimensions (`window={size=1x8 pad=0_0x7_7
+    rhs_reversal=0x1}`: each of 8 outputs meets one real input): counting every window tap of every output (2·|out|·
+    |rhs|/out-features) overcounts those dots by the window size. Per pair the multiply-adds are the rhs's input
+    features (feature groups already divide them; batch groups split the batch, not the features)."""
+    labels = attr(attrs, "dim_labels") or ""
+    m = re.match(r"([\w]+)_([\w]+)->([\w]+)", labels)
+    if not m or len(m.group(1)) != len(lhs.dims) or len(m.group(2)) != len(rhs.dims) or len(m.group(3)) != len(out.dims):
+        # unknown layout: every kernel element per output feature
+        o = len(rhs.dims) - 1
+        return out.elements, int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
+    ll, rl, ol = m.groups()
+    k = rhs.dims[rl.index("i")] if "i" in rl else 1
+    win = _window(attrs)
+    spatial = sorted(c for c in ol if c.isdigit())
+    non_spatial = int(np.prod([out.dims[j] for j, c in enumerate(ol) if not c.isdigit()]))
+    pairs = 1
+    for d, c in enumerate(spatial):
+        size_in = lhs.dims[ll.index(c)] if c in ll else 1
+        size_out = out.dims[ol.index(c)]
+        window = rhs.dims[rl.index(c)] if c in rl else 1
+        def at(key, default, d=d):
+            vals = win.get(key)
+            return vals[d] if vals and d < len(vals) else default
+
+        pairs *= _valid_taps(size_in, size_out, window, at("stride", 1), at("pad", (0, 0))[0], at("lhs_dilate", 1),
+                             at("rhs_dilate", 1))
+    return non_spatial * pairs, k
 
 
 def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
@@ -337,6 +434,26 @@ def _array_shapes(mod: Module) -> dict[str, Shape]:
     return shapes
 
 
+def runs_per_computation(mod: Module) -> dict[str, int]:
+    """How many times each non-fused computation runs per execution (loop bodies × trip counts, callees × callers)."""
+    return _multiplicities(mod)
+
+
+def array_shapes(mod: Module) -> dict[str, Shape]:
+    """Instruction name -> its shape, for every instruction that yields one array."""
+    return _array_shapes(mod)
+
+
+def computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
+    """(flops, transcendentals, dot flops, largest dot size) of a list of instructions (see _computation_cost)."""
+    return _computation_cost(instrs, shapes)
+
+
+def called_computation(ins: Instr) -> str:
+    """The computation a fusion (or call) instruction calls, '' when none."""
+    return (attr(ins.attrs, "calls") or attr(ins.attrs, "to_apply") or "").lstrip("%")
+
+
 def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
     """Every kernel (fusion or unfused op) the device runs, with bytes in/out and estimated flops."""
     mod = mod or parse_module(text)
@@ -349,7 +466,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             op = ins.opcode
             if op in NO_COST_OPS or op in ("while", "call", "conditional") or op.endswith("-done"):
                 continue
-            if any(op.startswith(c) for c in COLLECTIVE_KINDS):
+            if any(op.startswith(c) for c in COLLECTIVE_KINDS) or fusion_collective_role(mod, ins):
                 continue
             operand_bytes = [by_name[o].out_bytes if o in by_name else 0.0 for o in ins.operands]
             bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
@@ -358,7 +475,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 kind = (attr(ins.attrs, "kind") or "fusion")
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
-                flops, trans, dflops, dsize = _computation_cost(body, shapes)
+                flops, trans, dflops, dsize = _computation_cost(body, shapes, mod)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
                 ops = _opcode_counts(_fused_ops(body, mod))
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
@@ -556,52 +673,148 @@ def mesh_axes_of_groups(groups, mesh) -> tuple[str, ...]:
     return ()
 
 
+ASYNC_START_TARGET = "AsyncCollectiveStart"
+ASYNC_DONE_TARGET = "AsyncCollectiveDone"
+
+
+def _collective_kind(opcode: str) -> str | None:
+    return next((k for k in sorted(COLLECTIVE_KINDS, key=len, reverse=True) if opcode == k or opcode == k + "-start"),
+                None)
+
+
+def _fused_collectives(mod: Module, callee: str, depth: int = 0) -> list[tuple[str, Instr, float | None]]:
+    """The collectives a fusion runs, as (kind it implements, the collective instruction, payload or None).
+
+    libtpu wraps collectives in kCustom fusions: `%all-reduce-scatter.N` (an all-reduce of the whole array and a
+    dynamic-slice of this device's part: a reduce-scatter, its payload the array before the slice); async pairs
+    whose start fusion ends in custom-call AsyncCollectiveStart and whose done fusion (AsyncCollectiveDone) repeats
+    the collective (not counted again); compute fusions that continue an in-flight collective carry a copy of it
+    with the same channel (deduplicated by the caller)."""
+    body = mod.computations.get(callee, [])
+    if any(i.opcode == "custom-call" and ASYNC_DONE_TARGET in i.attrs for i in body):
+        return []
+    found: list[tuple[str, Instr, float | None]] = []
+    users: dict[str, list[Instr]] = {}
+    for i in body:
+        for o in i.operands:
+            users.setdefault(o, []).append(i)
+    for i in body:
+        kind = _collective_kind(i.opcode)
+        if kind is None:
+            if i.opcode == "fusion" and depth < 4:
+                found += _fused_collectives(mod, (attr(i.attrs, "calls") or "").lstrip("%"), depth + 1)
+            continue
+        if kind == "all-reduce" and _feeds_dynamic_slice(i, users):
+            found.append(("reduce-scatter", i, sum(sh.bytes for sh in i.shapes)))
+        else:
+            found.append((kind, i, None))
+    return found
+
+
+def _feeds_dynamic_slice(ins: Instr, users: dict[str, list[Instr]]) -> bool:
+    """Whether an all-reduce's result (through tuple elements, bitcasts, copies) is sliced: a reduce-scatter."""
+    frontier, seen = [ins.name], set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in users.get(n, []):
+            if u.opcode == "dynamic-slice" and u.operands and u.operands[0] == n:
+                return True
+            if u.opcode in ("get-tuple-element", "bitcast", "copy", "reshape"):
+                frontier.append(u.name)
+    return False
+
+
+def fusion_collective_role(mod: Module, ins: Instr) -> str | None:
+    """'start' | 'done' | 'collective' for a fusion that is (half of) a collective, None for a compute fusion (which
+    may still carry a copy of an in-flight collective). Such fusions are collectives, not kernels."""
+    if ins.opcode != "fusion":
+        return None
+    body = mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), [])
+    root = next((i for i in body if i.is_root), None)
+    if any(i.opcode == "custom-call" and ASYNC_DONE_TARGET in i.attrs for i in body):
+        return "done"
+    if root is not None and root.opcode == "custom-call" and ASYNC_START_TARGET in root.attrs:
+        return "start"
+    if any(_collective_kind(i.opcode) for i in body) and all(
+            i.opcode in _PLUMBING_OPS or _collective_kind(i.opcode) for i in body):
+        return "collective"
+    return None
+
+
+# what a collective fusion holds besides its collective: operands, the offset of this device's slice, the slice
+_PLUMBING_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy", "dynamic-slice", "slice",
+                 "partition-id", "replica-id", "multiply", "add", "subtract", "convert", "reshape", "broadcast",
+                 "iota", "compare", "select", "custom-call"}
+
+
+def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: dict[str, Instr], mesh,
+                   n_devices: int | None, payload: float | None = None) -> CollectiveOp:
+    operand_bytes = sum(by_name[o].out_bytes for o in ins.operands if o in by_name)
+    shapes = ins.shapes
+    if payload is not None:
+        pass
+    elif kind == "all-gather":
+        # async form's type is (operand, output): the gathered output is the last array
+        payload = shapes[-1].bytes if shapes else 0
+    elif kind == "collective-permute" and is_async:
+        payload = shapes[0].bytes if shapes else operand_bytes
+    elif kind == "all-reduce":
+        payload = sum(s.bytes for s in shapes) if not is_async else operand_bytes or sum(s.bytes for s in shapes)
+    else:
+        payload = operand_bytes or (shapes[0].bytes if shapes else 0)
+    dtype = shapes[0].dtype if shapes else "?"
+    if kind == "collective-permute":
+        groups = _expand_groups(attr(ins.attrs, "source_target_pairs"))
+        gsize, ngroups = 2, max(len(groups), 1)
+    else:
+        groups = _expand_groups(attr(ins.attrs, "replica_groups"))
+        if groups:
+            gsize, ngroups = len(groups[0]), len(groups)
+        else:  # empty replica_groups: all devices in one group
+            gsize, ngroups = (n_devices or 1), 1
+            if n_devices:
+                groups = (tuple(range(n_devices)),)
+    axes = mesh_axes_of_groups(groups, mesh)
+    if kind == "collective-permute" and axes:  # point-to-point pairs lie along these axes
+        axes = tuple(a if a.endswith("[part]") else f"{a}[part]" for a in axes) if len(groups) else axes
+    return CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups, is_async,
+                        count, groups if len(groups) <= 64 else (), axes)
+
+
 def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: Module | None = None
                       ) -> list[CollectiveOp]:
-    """Every collective (sync and async forms; the -done halves are skipped) with payload bytes per device."""
+    """Every collective the device runs, with payload bytes per device, counted once as the kind it implements:
+    sync and async forms (the -done halves skipped), inside while bodies and called computations (× their runs),
+    and inside fusions (libtpu's kCustom collective fusions: reduce-scatter as all-reduce + dynamic-slice, async
+    start/done fusion pairs; see _fused_collectives)."""
     mod = mod or parse_module(text)
     mult = _multiplicities(mod)
     by_name = mod.by_name()
     out = []
     for comp, m in mult.items():
+        seen: set[tuple] = set()
         for ins in mod.computations.get(comp, []):
             op = ins.opcode
             if op.endswith("-done") or op.endswith("-update"):
                 continue
-            kind = next((k for k in sorted(COLLECTIVE_KINDS, key=len, reverse=True)
-                         if op == k or op == k + "-start"), None)
+            if op == "fusion":
+                role = fusion_collective_role(mod, ins)
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
+                for kind, inner, payload in _fused_collectives(mod, callee):
+                    key = (attr(inner.attrs, "channel_id"), kind, tuple(inner.shapes))
+                    if role is None and key in seen:  # a compute fusion carrying an in-flight collective's copy
+                        continue
+                    seen.add(key)
+                    out.append(_collective_op(inner, kind, role != "collective", m, by_name, mesh, n_devices,
+                                              payload))
+                continue
+            kind = _collective_kind(op)
             if kind is None:
                 continue
-            is_async = op.endswith("-start")
-            operand_bytes = sum(by_name[o].out_bytes for o in ins.operands if o in by_name)
-            shapes = ins.shapes
-            if kind == "all-gather":
-                # async form's type is (operand, output): the gathered output is the last array
-                payload = shapes[-1].bytes if shapes else 0
-            elif kind == "collective-permute" and is_async:
-                payload = shapes[0].bytes if shapes else operand_bytes
-            elif kind == "all-reduce":
-                payload = sum(s.bytes for s in shapes) if not is_async else operand_bytes or sum(s.bytes for s in shapes)
-            else:
-                payload = operand_bytes or (shapes[0].bytes if shapes else 0)
-            dtype = shapes[0].dtype if shapes else "?"
-            if kind == "collective-permute":
-                pairs = attr(ins.attrs, "source_target_pairs")
-                groups = _expand_groups(pairs)
-                gsize, ngroups = 2, max(len(groups), 1)
-            else:
-                groups = _expand_groups(attr(ins.attrs, "replica_groups"))
-                if groups:
-                    gsize, ngroups = len(groups[0]), len(groups)
-                else:  # empty replica_groups: all devices in one group
-                    gsize, ngroups = (n_devices or 1), 1
-                    if n_devices:
-                        groups = (tuple(range(n_devices)),)
-            axes = mesh_axes_of_groups(groups, mesh)
-            if kind == "collective-permute" and axes:  # point-to-point pairs lie along these axes
-                axes = tuple(a if a.endswith("[part]") else f"{a}[part]" for a in axes) if len(groups) else axes
-            out.append(CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups,
-                                    is_async, m, groups if len(groups) <= 64 else (), axes))
+            out.append(_collective_op(ins, kind, op.endswith("-start"), m, by_name, mesh, n_devices))
     return out
 
 

@@ -33,9 +33,10 @@ from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import enable_compilation_cache
 from workbench.programs import predict as wp
+from workbench.programs.validation import validation_error
 from workbench.results.store import Store, make_record, versions
 
-REMATS = ("none", "per-layer")
+REMATS = ("none", "per-layer", "offload")  # offload (host memory): TPU targets only (pinned host memory)
 MICROBATCHES = (1, 2, 4)
 
 
@@ -61,6 +62,8 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
                 continue
             mesh = ",".join(f"{k}={v}" for k, v in axes.items())
             for remat in REMATS:
+                if remat == "offload" and t.kind != "tpu":
+                    continue
                 for mb in MICROBATCHES:
                     if (batch // nb) % mb:
                         continue
@@ -310,6 +313,18 @@ def _row(o: Outcome) -> dict:
             "cached": o.cached, "reason": o.reason if o.status != "ranked" else None}
 
 
+def prediction_error(t: topo.Target) -> dict:
+    """The error this target's predictions have shown against published runs (benchmarks.published_validation's
+    latest record for the chip family), or why none is known. Printed beside every predicted step time."""
+    fam = t.name.split(":")[0]
+    v = validation_error(fam)
+    if v is None:
+        return {"median_error": None, "text": f"error unknown: no published run of {fam} validated in this results "
+                                              "store (python -m benchmarks.published_validation)"}
+    return {**v, "text": f"±{v['median_error']:.0%} (median over {v['n_runs']} published {v['chip']} runs, "
+                         f"{v['time']})"}
+
+
 def summarize(preset: str, t: topo.Target, cands, outcomes: list[Outcome], total: int, elapsed: float,
               workers: int, compiler: str) -> dict:
     ranked = sorted((o for o in outcomes if o.status == "ranked"),
@@ -324,6 +339,7 @@ def summarize(preset: str, t: topo.Target, cands, outcomes: list[Outcome], total
         "n_does_not_fit": len(unfit), "n_invalid": len(invalid), "workers": workers, "elapsed_s": elapsed,
         "compiled_fresh": sum(1 for o in outcomes if o.body and not o.cached and o.body.get("compile_s")),
         "ranking": [dict(_row(o), rank=i + 1) for i, o in enumerate(ranked)],
+        "prediction_error": prediction_error(t),
         "does_not_fit": [_row(o) for o in unfit], "invalid": [_row(o) for o in invalid],
     }
     if ranked:

@@ -46,8 +46,10 @@ from workbench.errors import WorkbenchError
 from workbench.hardware import spec as hardware
 from workbench.hardware.spec import dtype_name
 from workbench.programs import train
+from workbench.programs.flop_counts import reconcile as reconcile_flops
 from workbench.results.store import Store, make_record
 from workbench.roofline import prediction as roofline
+from workbench.roofline.pricing import priced_dtype, tpu_float32_spec
 
 MODES = ("train", "prefill", "decode")
 
@@ -362,7 +364,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "preset": spec.preset, "strategy": spec.strategy, "mode": spec.mode,
         "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
         "tokens_per_step": tokens, "remat": lw.cfg.remat, "microbatches": spec.microbatches,
-        "policy": spec.policy, "compute_dtype": compute_dtype, "compiler": lw.compiler,
+        "policy": spec.policy, "compute_dtype": compute_dtype, "priced_dtype": priced_dtype(spec.policy),
+        "compiler": lw.compiler,
         "compiler_version": _compiler_version(lw.compiler),
         "hbm_bytes": hw.hbm_bytes, "state_bytes_per_device": lw.state_bytes_per_device,
         "input_bytes_per_device": lw.input_bytes_per_device,
@@ -397,7 +400,13 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                                        "no compiler cost_analysis: flops and bytes summed from the optimized HLO's "
                                        "kernels (workbench.cost.hlo)",))
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
-    pred = roofline.predict(cost, hw, dtype=compute_dtype, simulated_mesh=False, torus_axes=k)
+    price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
+    price_hw = hw
+    if price == "float32" and target.kind == "tpu":
+        price_hw, f32_note = tpu_float32_spec(hw, compiled.as_text())
+        if f32_note:
+            notes.append(f32_note)
+    pred = roofline.predict(cost, price_hw, dtype=price, simulated_mesh=False, torus_axes=k)
     mem = cost.peak_memory_bytes
     if target.kind == "tpu":
         # the TPU compiler assigns every buffer in HBM and refuses programs that overflow it: compiling is fitting
@@ -414,6 +423,12 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
     elif lw.compiler == "xla-gpu":
         notes.append(f"{target.name}: compiled by XLA:GPU for a compile-only {n}-GPU topology (JAX CUDA plugin, no GPU "
                      "attached); memory is its buffer assignment, judged against the catalogue HBM")
+    flop_counts = reconcile_flops(cost, mflops, n, lw.cfg, spec.mode, lw.seq, used=pred.flops)
+    notes.extend(flop_counts.notes)
+    if pred.compute_s < 0.95 * floor_s:
+        notes.append(f"the compute term {pred.compute_s:.3g}s is below the analytic floor {floor_s:.3g}s: the priced "
+                     f"count ({pred.flops:.3g} FLOP, {flop_counts.used_source}) is under the model's "
+                     f"{flop_counts.analytic:.3g} per device")
     xla_s, xla_note = xla_estimate(compiled)
     if xla_note:
         notes.append(xla_note)
@@ -428,7 +443,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                           "temp_bytes": cost.temp_bytes, "alias_bytes": cost.alias_bytes,
                           "generated_code_bytes": cost.generated_code_bytes},
         overshoot_bytes=max(0.0, mem - hw.hbm_bytes),
-        flops_per_device=cost.flops, bytes_per_device=cost.bytes_accessed,
+        flops_per_device=pred.flops, bytes_per_device=pred.bytes,
+        flop_counts=flop_counts.to_record(),
         transcendentals_per_device=cost.transcendentals,
         collectives=cost.collectives_by_kind_and_axis(), collectives_by_kind=cost.collectives_by_kind(),
         collective_bytes_per_device=cost.collective_bytes(),
@@ -438,12 +454,13 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         tokens_per_s=tokens / step if step > 0 else None,
         xla_estimate_s=xla_s, bound=pred.bound, bottleneck=explain_bottleneck(pred, step, floor_s),
         torus_axes=k if target.kind == "tpu" else None,
-        replication=(cost.flops * n / mflops) if mflops else None,
+        replication=(pred.flops * n / mflops) if mflops else None,
         reason=None if fits else (f"needs {_gib(mem)} per device > {_gib(hw.hbm_bytes)} HBM of {hw.name}"),
     )
     out["explain"] = {
         "memory_per_device_bytes": "memory_analysis: arguments + outputs + temporaries − aliased (donated) bytes",
-        "compute_s": f"flops per device {cost.flops:.4g} / {hw.name} peak {pred.peak_dtype} {pred.peak_flops:.4g} "
+        "compute_s": f"flops per device {pred.flops:.4g} ({flop_counts.used_source}; see flop_counts) / "
+                     f"{hw.name} peak {pred.peak_dtype} {pred.peak_flops:.4g} "
                      f"FLOP/s{_src(hw, 'peak_flops.' + pred.peak_dtype)}"
                      + (f" + transcendentals {pred.transcendental_s:.3g}s" if pred.transcendental_s else ""),
         "memory_s": f"bytes per device {cost.bytes_accessed:.4g} / HBM {hw.hbm_bw:.4g} B/s{_src(hw, 'hbm_bw')}",

@@ -32,7 +32,6 @@ from models import quant
 from models.analytics import analytics
 from models.config import ModelConfig
 from models.precision import get_policy
-from models.quant import matmul_format
 from models.transformer import Transformer
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
@@ -48,6 +47,7 @@ from workbench.programs.data import Batches, unigram_baseline
 from workbench.programs.distributed import count_hosts
 from workbench.results.console import ProgressBar
 from workbench.roofline.prediction import Prediction, predict
+from workbench.roofline.pricing import priced_dtype
 
 
 # ------------------------------------------------------------------------------------------------- optimizer
@@ -496,7 +496,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     per_device_flops = cost.counted_flops
 
     dtype = np.dtype(prog.policy.compute_dtype).name
-    price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
+    price_dtype = priced_dtype(prog.policy)  # the one rule predict uses too: fp8/MX policies at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
     hosts = count_hosts()  # a group over several hosts: each host's simulated devices share that host's ceiling
     if hosts > 1 and ceiling and is_simulated():

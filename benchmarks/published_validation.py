@@ -1,0 +1,139 @@
+"""Predictions for published large-scale training runs, compiled for their targets from this host.
+
+    python -m benchmarks.published_validation [--only NAME[,NAME]] [--json] [--table PATH]
+
+Each row of benchmarks/data/published_runs.csv (MaxText on TPU v5e and v5p, torchtitan and NeMo on H100; facts
+with their sources) becomes a `workbench predict` spec (workbench.programs.validation.PublishedRun.spec: the
+model's shape, the slice, the parallelism and mesh, the global batch and microbatches, the remat policy it used)
+and is compiled through workbench.programs.predict for its target: libtpu for TPU slices, the GPU path for H100 nodes.
+Reported per run: predicted vs published step time and MFU, the error, and for rows that do not fit the compiler's
+reason. The median |step-time error| overall and per chip family lands in reports/published_validation.json and in
+the results store (kind `published_validation`), where `workbench plan` reads the error it prints beside its
+predictions.
+
+These compiles are pod-scale (up to 256 chips, 7B-128B models): they run one at a time, never in tests, with
+progress on stderr. A GPU row needs as many simulated CPU devices as GPUs (when the CUDA plugin is absent); they are
+requested once, before JAX starts, for the largest GPU row selected.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from partitioning.topology import gpu_compiler_for, parse_target
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
+from workbench.hardware.hostmem import reexec_with_hugepages
+from workbench.programs import predict as wp
+from workbench.programs.validation import load_runs, summarize_errors
+from workbench.results.store import Store, make_record
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def validate(run) -> dict:
+    """Compile one published run for its target and compare."""
+
+    spec = run.spec()
+    row = {"name": run.name, "chip": run.chip, "target": run.row["target"], "slice": run.row["target"],
+           "framework": run.row["framework"],
+           "strategy": spec.strategy, "mesh": spec.mesh, "batch": spec.batch, "seq": spec.seq,
+           "microbatches": spec.microbatches, "remat_published": run.row["remat"], "remat": spec.remat,
+           "policy": spec.policy, "source": run.row["source"], "commit": run.row["commit"] or None}
+    t0 = time.perf_counter()
+    try:
+        body = wp.predict_once(spec)
+    except WorkbenchError as e:
+        row.update(fits=False, compiled=False, reason=str(e), step_error=None, mfu_error=None,
+                   wall_s=time.perf_counter() - t0)
+        return row
+    except Exception as e:  # noqa: BLE001 - a compiler failure on one run must not end the validation
+        row.update(fits=False, compiled=False, reason=f"compile failed: {type(e).__name__}: "
+                                                      f"{' '.join(str(e).split())[:300]}",
+                   step_error=None, mfu_error=None, wall_s=time.perf_counter() - t0)
+        return row
+    pub_step, how = run.published_step(body["model_flops_per_step"])
+    pub_mfu = float(run.row["mfu"]) if run.row.get("mfu") else None
+    pred_step, pred_mfu = body.get("predicted_step_s"), body.get("predicted_mfu")
+    fits = bool(body.get("fits"))
+    row.update(
+        fits=fits, compiled=bool(body.get("compiled")), reason=body.get("reason"),
+        memory_per_device_bytes=body.get("memory_per_device_bytes"), hbm_bytes=body.get("hbm_bytes"),
+        predicted_step_s=pred_step, published_step_s=pub_step, published_step_how=how,
+        step_error=(pred_step / pub_step - 1) if (fits and pred_step and pub_step) else None,
+        predicted_mfu=pred_mfu, published_mfu=pub_mfu,
+        mfu_error=(pred_mfu / pub_mfu - 1) if (fits and pred_mfu and pub_mfu) else None,
+        bound=body.get("bound"), compute_s=body.get("compute_s"), memory_s=body.get("memory_s"),
+        comm_s=body.get("comm_s"), analytic_floor_s=body.get("analytic_floor_s"),
+        flop_counts=body.get("flop_counts"), compiler=body.get("compiler"), compile_s=body.get("compile_s"),
+        wall_s=time.perf_counter() - t0, notes=body.get("notes", [])[:6])
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma list of run names (see benchmarks/data/published_runs.csv)")
+    ap.add_argument("--json", action="store_true", help="JSON on stdout")
+    ap.add_argument("--table", help="another published-runs CSV")
+    ap.add_argument("--out", default=os.path.join("reports", "published_validation.json"))
+    args = ap.parse_args(argv)
+
+
+    try:
+        runs = load_runs(args.table)
+        if args.only:
+            want = [w.strip() for w in args.only.split(",") if w.strip()]
+            unknown = [w for w in want if w not in {r.name for r in runs}]
+            if unknown:
+                raise WorkbenchError(f"--only {unknown[0]!r} is not a run of the table; choose from "
+                                     f"{', '.join(r.name for r in runs)}")
+            runs = [r for r in runs if r.name in want]
+
+        targets = [parse_target(r.row["target"]) for r in runs]
+        sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
+        if sim:
+            request_devices(max(sim))
+        else:
+            default_platform()
+    except WorkbenchError as e:
+        print(f"published_validation: error: {e}", file=sys.stderr)
+        return 2
+
+    rows = []
+    for i, run in enumerate(runs, 1):
+        _log(f"[{i}/{len(runs)}] {run.name}: compiling for {run.row['target']} ...")
+        row = validate(run)
+        rows.append(row)
+        if row.get("step_error") is not None:
+            _log(f"[{i}/{len(runs)}] {run.name}: predicted {row['predicted_step_s']:.3g}s vs published "
+                 f"{row['published_step_s']:.3g}s ({row['step_error']:+.1%}); MFU {row['predicted_mfu']:.3f} vs "
+                 f"{row['published_mfu'] if row['published_mfu'] is not None else '-'} ({row['wall_s']:.0f}s)")
+        else:
+            _log(f"[{i}/{len(runs)}] {run.name}: does not fit / not compared: {str(row.get('reason'))[:200]}")
+    summary = summarize_errors(rows)
+    out = {"runs": rows, **summary, "chips": sorted({r["chip"] for r in rows}),
+           "error_convention": "step_error = predicted / published step time − 1; median of |step_error| over the "
+                               "runs that fit"}
+    Store().append(make_record("published_validation", {"only": args.only, "table": args.table}, extra=out))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, default=str)
+    if args.json:
+        print(json.dumps(out, indent=1, default=str))
+    else:
+        for r in rows:
+            err = f"{r['step_error']:+.1%}" if r.get("step_error") is not None else "—"
+            print(f"{r['name']:28s} {r['target']:16s} pred {r.get('predicted_step_s') or float('nan'):9.3g}s  "
+                  f"pub {r.get('published_step_s') or float('nan'):9.3g}s  {err:>8s}  fits={r['fits']}")
+        print(f"median |step error| {summary['median_error']} over {summary['n_compared']} runs; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    reexec_with_hugepages()
+    sys.exit(main())

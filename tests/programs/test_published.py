@@ -1,0 +1,48 @@
+"""The published-runs table: facts with sources, specs the predict program accepts, the published step time each
+row implies, and the error the planner prints beside its predictions (no compiles here: the validation itself is
+pod-scale, `python -m benchmarks.published_validation`)."""
+import pytest
+
+from models.presets import get_config
+from workbench.programs import plan as wplan
+from workbench.programs import predict as wp
+from workbench.programs import validation
+from workbench.results.store import Store, make_record
+
+
+def test_table_has_sourced_runs_on_two_tpu_generations_and_h100():
+    runs = validation.load_runs()
+    assert len(runs) >= 8 and all(r.row["source"] for r in runs)
+    assert {"tpu-v5e", "tpu-v5p", "h100"} <= {r.chip for r in runs}
+
+
+@pytest.mark.parametrize("run", validation.load_runs(), ids=lambda r: r.name)
+def test_every_row_is_a_valid_predict_spec(run):
+    target, cfg, axes, batch, seq, _ = wp.prepare(run.spec())
+    assert target.n_chips == int(run.row["n_chips"]) and batch == int(run.row["global_batch"])
+    assert batch // int(run.row["n_chips"]) == int(run.row["per_device_batch"])
+    assert cfg.d_model == int(run.row["d_model"]) and cfg.scan_layers
+
+
+def test_published_step_time_from_tflops_tokens_or_stated():
+    runs = {r.name: r for r in validation.load_runs()}
+    r32 = runs["maxtext-v5e-32b"]
+    cfg = get_config("llama2-7b", r32.overrides())
+    flops, _ = wp.model_flops(cfg, "train", 1024, 2048)
+    step, how = r32.published_step(flops)
+    # 132 TFLOP/s per chip on 256 chips: the step is the model's FLOPs at that rate (MFU 66.86 % of 197 TFLOP/s)
+    assert step == pytest.approx(flops / (256 * 132e12)) and "TFLOP/s" in how
+    assert flops / (256 * step) / 197e12 == pytest.approx(0.6686, rel=0.01), "the table's MFU and TFLOP/s agree"
+    tt = runs["torchtitan-h100-llama3-8b"]
+    step, how = tt.published_step(0.0)
+    assert step == pytest.approx(2 * 8192 / 6667) and "tokens/s" in how
+
+
+def test_planner_error_comes_from_the_latest_validation_record(results_dir):
+    t = wp.topo.parse_target("tpu-v5e:4x4")
+    assert wplan.prediction_error(t)["median_error"] is None
+    rows = [{"chip": "tpu-v5e", "step_error": 0.10}, {"chip": "tpu-v5e", "step_error": -0.30},
+            {"chip": "tpu-v5e", "step_error": 0.20}, {"chip": "h100", "step_error": None}]
+    Store().append(make_record("published_validation", {}, extra=validation.summarize_errors(rows)))
+    e = wplan.prediction_error(t)
+    assert e["median_error"] == pytest.approx(0.20) and e["n_runs"] == 3 and "±20%" in e["text"]

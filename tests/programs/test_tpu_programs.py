@@ -1,0 +1,62 @@
+"""Compiled by libtpu for compile-only TPU devices (no TPU attached): collectives of known traffic, flop counts of
+scanned and unrolled layers, host offloading against per-layer remat. Small programs on tiny topologies."""
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from partitioning import topology as topo
+from partitioning.mesh import make_mesh
+from workbench.cost import hlo
+from workbench.hardware.devices import default_platform
+from workbench.programs import predict as wp
+
+pytestmark = [pytest.mark.compile_heavy,
+              pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")]
+
+
+def test_fsdp_gradient_reduce_scatter_of_a_4096_weight():
+    """A 4096×4096 float32 weight sharded over `data` on v5e:2x2: libtpu reduces its gradient with a kCustom fusion
+    (`%all-reduce-scatter`: an all-reduce of the padded array, then this device's dynamic-slice). It is one
+    reduce-scatter over `data` of at least the 64 MiB array (padding allowed, under 10 %)."""
+    default_platform()
+    t = topo.parse_target("tpu-v5e:2x2")
+    mesh = make_mesh({"data": 4}, devices=topo.target_devices(t))
+    sh = NamedSharding(mesh, P("data", None))
+    grad = jax.jit(jax.grad(lambda w, x: jnp.sum(jnp.square(x @ w))), in_shardings=(sh, sh), out_shardings=sh)
+    w = jax.ShapeDtypeStruct((4096, 4096), jnp.float32, sharding=sh)
+    x = jax.ShapeDtypeStruct((64, 4096), jnp.float32, sharding=sh)
+    text = grad.lower(w, x).compile().as_text()
+    rs = [c for c in hlo.parse_collectives(text, mesh=mesh, n_devices=4) if c.kind == "reduce-scatter"]
+    assert len(rs) == 1 and rs[0].count == 1 and rs[0].mesh_axes == ("data",) and rs[0].group_size == 4
+    full = 4096 * 4096 * 4
+    assert full <= rs[0].payload_bytes <= 1.1 * full
+
+
+PROGRAM = "n_layers=3,d_model=128,n_heads=4,d_ff=512,vocab_size=256,seq_len=128"
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_flop_counts_of_scanned_and_unrolled_layers(scan, results_dir):
+    """The HLO kernel sum (loop bodies × the trip count read from the loop condition; windowed convolutions by
+    their real taps) agrees with the analytic count × the remat factor; cost_analysis counts a scanned body once."""
+    r = wp.predict_once(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", batch=8, seq=128, remat="per-layer",
+                                       overrides=f"{PROGRAM},scan_layers={str(scan).lower()}"))
+    fc = r["flop_counts"]
+    assert fc["remat_factor"] > 1.2
+    assert 0.85 <= fc["hlo_over_expected"] <= 1.25, fc
+    assert 0.95 <= r["flops_per_device"] / (r["model_flops_per_step"] / r["n_chips"]) <= 1.6
+    if scan:
+        assert fc["compiler_over_expected"] < 0.75, "libtpu's cost_analysis counts the scanned body once"
+
+
+def test_offload_lowers_device_memory_against_per_layer_remat(results_dir):
+    """Host offloading of the layer inputs and q/k/v (remat offload) keeps less in HBM than per-layer remat."""
+    mem = {}
+    for remat in ("per-layer", "offload"):
+        r = wp.predict_once(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", batch=8, seq=128, remat=remat,
+                                           overrides=f"{PROGRAM},n_layers=6"))
+        assert r["compiled"] and r["fits"], r.get("reason")
+        mem[remat] = r["memory_breakdown"]["temp_bytes"]
+    assert mem["offload"] < mem["per-layer"], mem

@@ -1,0 +1,106 @@
+"""Predictions checked against published training runs: the table's rows as predict specs, the published step time
+each implies, and the error a prediction for a chip family has shown (what `workbench plan` prints beside every
+predicted step time).
+
+The table is benchmarks/data/published_runs.csv (facts with their sources, see docs/accuracy-tpu.md);
+`python -m benchmarks.published_validation` compiles each row for its target and stores a `published_validation`
+record in the results store. `validation_error(chip)` reads the latest such record.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import statistics
+
+from workbench.errors import WorkbenchError
+from workbench.programs.predict import PredictSpec
+from workbench.results.store import Store
+
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
+                     "data", "published_runs.csv")
+# the published model's MLP -> the nearest MLP the models implement with the same matmuls
+MLP_HERE = {"relu": "gelu", "gelu": "gelu", "swiglu": "swiglu"}
+POLICY_HERE = {"bf16": "bf16", "fp8": "fp8-current"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    row: dict
+
+    @property
+    def name(self) -> str:
+        return self.row["name"]
+
+    @property
+    def chip(self) -> str:
+        return self.row["chip"]
+
+    def overrides(self) -> str:
+        r = self.row
+        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size")
+        kv = [f"{k}={int(r[k])}" for k in keys]
+        kv += [f"mlp={MLP_HERE[r['mlp']]}", f"tie_embeddings={r['tie_embeddings']}", f"seq_len={int(r['seq'])}",
+               "scan_layers=true"]  # MaxText's default scan_layers=True; compile time independent of depth
+        return ",".join(kv)
+
+    def policy(self) -> str:
+        return POLICY_HERE[self.row["precision"].split()[0]]
+
+    def spec(self):
+        r = self.row
+        return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
+                           batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat_here"],
+                           microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides())
+
+    def published_step(self, model_flops_per_step: float) -> tuple[float | None, str]:
+        """The published step time: stated, or from tokens/s per chip, or from model TFLOP/s per chip (the same
+        non-causal convention as the workbench's analytic count)."""
+        r = self.row
+        tokens_per_chip = int(r["global_batch"]) * int(r["seq"]) / int(r["n_chips"])
+        if r.get("step_s"):
+            return float(r["step_s"]), "published step time"
+        if r.get("tokens_per_s_per_chip"):
+            return tokens_per_chip / float(r["tokens_per_s_per_chip"]), (
+                f"{tokens_per_chip:.0f} tokens per chip / {float(r['tokens_per_s_per_chip']):.0f} published tokens/s")
+        if r.get("tflops_per_chip"):
+            t = float(r["tflops_per_chip"]) * 1e12
+            return model_flops_per_step / (int(r["n_chips"]) * t), (
+                f"model FLOPs {model_flops_per_step:.4g} / ({r['n_chips']} chips × {r['tflops_per_chip']} published "
+                "TFLOP/s)")
+        return None, "no step time, tokens/s or TFLOP/s published"
+
+
+def load_runs(path: str | None = None) -> list[PublishedRun]:
+    path = path or TABLE
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [PublishedRun(r) for r in csv.DictReader(f)]
+    except OSError as e:
+        raise WorkbenchError(f"cannot read the published-runs table {path}: {e.strerror}") from None
+
+
+def summarize_errors(rows: list[dict]) -> dict:
+    """Median |step-time error| over the rows that compiled, overall and per chip family."""
+    errs = [r for r in rows if r.get("step_error") is not None]
+    by_chip: dict[str, list[float]] = {}
+    for r in errs:
+        by_chip.setdefault(r["chip"], []).append(abs(r["step_error"]))
+    return {"median_error": statistics.median([abs(r["step_error"]) for r in errs]) if errs else None,
+            "n_compared": len(errs),
+            "median_error_by_chip": {c: statistics.median(v) for c, v in by_chip.items()},
+            "n_by_chip": {c: len(v) for c, v in by_chip.items()}}
+
+
+def validation_error(chip: str, store=None) -> dict | None:
+    """{median_error, n_runs, time} of the latest published_validation record for this chip family (catalogue or
+    target family name: 'tpu-v5e', 'h100'), None when none covers it."""
+    recs = (store or Store()).records("published_validation")
+    key = chip.split(":")[0].lower()
+    for rec in reversed(recs):
+        ex = rec.get("extra", {})
+        for c, med in (ex.get("median_error_by_chip") or {}).items():
+            if c.lower() == key:
+                return {"median_error": med, "n_runs": ex.get("n_by_chip", {}).get(c), "chip": c,
+                        "time": rec.get("provenance", {}).get("time")}
+    return None
