@@ -589,6 +589,8 @@ def plot_sweep(res: SweepResult, path: str) -> str:
 # ------------------------------------------------------------------------------------------------- search
 
 BLOCK_MENU = (128, 256, 512, 1024, 2048, 4096)
+GPU_BLOCK_MENU = (64, 128, 256, 512)
+GPU_K_MENU = (32, 64, 128, 256)
 KERNELS = ("matmul", "matmul-bias-gelu")
 
 
@@ -647,19 +649,27 @@ class SearchResult:
 def block_menu(m: int, n: int, k: int, model: tiles.TileModel, dtype: str) -> list[tuple[int, int, int]]:
     """Block shapes to try: powers of two from 128 up to 4096 per dimension, none much larger than its dimension
     (a dimension smaller than 128 gets one block of its size rounded up to the native tile)."""
-    sub = tiles.native_tile(model, dtype)[0] if model.kind == "tpu" else 16
+    if model.kind == "gpu":  # thread-block tiles: the accumulator in registers, K sliced thinly
+        mn_menu, k_menu, sub, lane = GPU_BLOCK_MENU, GPU_K_MENU, 16, 16
+    else:
+        mn_menu, k_menu, sub, lane = BLOCK_MENU, BLOCK_MENU, tiles.native_tile(model, dtype)[0], 128
 
-    def sizes(dim: int, align: int) -> list[int]:
-        c = [b for b in BLOCK_MENU if b < dim * 2]
+    def sizes(dim: int, menu, align: int) -> list[int]:
+        c = [b for b in menu if b < dim * 2]
         return c or [tiles.round_up(dim, align)]
 
-    return [(bm, bn, bk) for bm in sizes(m, sub) for bn in sizes(n, 128) for bk in sizes(k, 128)]
+    return [(bm, bn, bk) for bm in sizes(m, mn_menu, sub) for bn in sizes(n, mn_menu, lane)
+            for bk in sizes(k, k_menu, lane)]
 
 
-def onchip_footprint(block, in_bytes: float, out_bytes: float, bias: bool = False) -> float:
-    """Bytes one grid step keeps on chip: two buffers of each input block and of the output block (Pallas
-    double-buffers every BlockSpec'd operand) and the float32 accumulator."""
+def onchip_footprint(block, in_bytes: float, out_bytes: float, bias: bool = False, kind: str = "tpu") -> float:
+    """Bytes one grid step keeps in the core's on-chip memory.
+    TPU (VMEM): two buffers of each input block and of the output block (Pallas double-buffers every BlockSpec'd
+    operand) and the float32 accumulator. GPU (shared memory): two stages of the input slices; the accumulator
+    lives in registers (checked against the register file apart)."""
     bm, bn, bk = block
+    if kind == "gpu":
+        return 2 * (bm * bk + bk * bn) * in_bytes
     return 2 * (bm * bk + bk * bn) * in_bytes + 2 * bm * bn * out_bytes + bm * bn * 4 + (2 * bn * in_bytes if bias else 0)
 
 
@@ -692,7 +702,9 @@ def _onchip_bw(model: tiles.TileModel, spec: HardwareSpec) -> tuple[float | None
         return (22.0 * spec.hbm_bw, "VMEM bandwidth taken as 22x the HBM bandwidth, the ratio the scaling book "
                 "gives for TPU v5e (jax-ml.github.io/scaling-book/tpus); applied to every TPU generation as an "
                 "assumption")
-    return None, "GPU: shared-memory bandwidth is not modelled (registers hold the accumulator)"
+    return None, ("GPU: shared-memory bandwidth is not modelled (registers hold the accumulator); every thread "
+                  "block's loads are charged to HBM (no L2 reuse between blocks) and waves over the SMs are not "
+                  "modelled, so small blocks read as memory-bound")
 
 
 def search(kernel: str, m: int, n: int, k: int, target: str, *, dtype: str = "bfloat16", top: int = 3,
@@ -716,12 +728,21 @@ def search(kernel: str, m: int, n: int, k: int, target: str, *, dtype: str = "bf
     bw, bw_note = _onchip_bw(model, spec)
     cands = []
     for blk in block_menu(m, n, k, model, dname):
-        fp = onchip_footprint(blk, b_in, b_in, bias)
+        fp = onchip_footprint(blk, b_in, b_in, bias, model.kind)
         pr = predict_block(m, n, k, blk, model, spec, dname, dname, step_overhead_s, bw)
+        regs = float(model.vector_register.value) if model.kind == "gpu" else math.inf
+        if model.kind == "gpu" and blk[0] * blk[1] * 4 > regs:
+            reason = (f"the {blk[0]}x{blk[1]} float32 accumulator ({blk[0] * blk[1] * 4 / 1024:.0f} KiB) exceeds the "
+                      f"{regs / 1024:.0f} KiB register file of one SM")
+            cands.append(Candidate(blk, fp, False, reason, None, pr["steps"], pr["compute_s"], pr["hbm_s"],
+                                   pr["onchip_s"], pr["intensity"]))
+            continue
         if fp > cap:
-            reason = (f"needs {fp / 2**20:.1f} MiB on chip (2 x ({blk[0]}x{blk[2]} + {blk[2]}x{blk[1]}) inputs, "
-                      f"2 x {blk[0]}x{blk[1]} output, {blk[0]}x{blk[1]} float32 accumulator); {model.chip} has "
-                      f"{cap / 2**20:.0f} MiB of {'VMEM' if model.kind == 'tpu' else 'shared memory'} per core")
+            what = (f"2 x ({blk[0]}x{blk[2]} + {blk[2]}x{blk[1]}) inputs, 2 x {blk[0]}x{blk[1]} output, "
+                    f"{blk[0]}x{blk[1]} float32 accumulator" if model.kind == "tpu"
+                    else f"2 stages of {blk[0]}x{blk[2]} + {blk[2]}x{blk[1]} input slices")
+            reason = (f"needs {fp / 2**20:.2f} MiB on chip ({what}); {model.chip} has {cap / 2**20:.2f} MiB of "
+                      f"{'VMEM' if model.kind == 'tpu' else 'shared memory'} per core")
             cands.append(Candidate(blk, fp, False, reason, None, pr["steps"], pr["compute_s"], pr["hbm_s"],
                                    pr["onchip_s"], pr["intensity"]))
             continue
