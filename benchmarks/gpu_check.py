@@ -37,7 +37,7 @@ GPU_SUITE = [
 TINY_SUITE = [("matmul", {"m": 128, "n": 128, "k": 128}, "float32"), ("elementwise", {"n": 1 << 16}, "float32"),
               ("softmax", {"rows": 64, "cols": 128}, "float32"),
               ("attention", {"batch": 1, "heads": 2, "seq": 64, "head_dim": 32}, "float32")]
-SECTIONS = ["benchmarks.gpu_precision"]  # modules with run(out_dir, spec, tiny) -> dict
+SECTIONS = ["benchmarks.gpu_precision", "benchmarks.gpu_tiling"]  # modules with run(out_dir, spec, tiny) -> dict
 
 
 def detect_chip(device_kind: str, platform: str):
