@@ -9,8 +9,7 @@
    (bytes read + written) — through the one harness, workbench.measure;
 3. runs the built-in op suite, measured, and predicted against both the catalogue chip and the calibration;
 4. runs the sections other parts add (precision: bf16 vs fp8 matmul; tiling: sawtooth and Pallas blocks vs cuBLAS),
-   each guarded so one failure does not lose
-   the rest;
+   each guarded so one failure does not lose the rest;
 5. writes results.jsonl (records), summary.json and table.md under OUT_DIR; everything in under 8 minutes.
 Works on jax 0.10 and 0.11.
 """
