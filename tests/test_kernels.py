@@ -1,4 +1,4 @@
-"""Pallas kernels (models/kernels): blocked matmul and the fused bias + activation epilogue against a float64
+"""Pallas kernels (models/kernels): blocked matmul, the fused bias + activation epilogue and causal attention against a float64
 reference in interpret mode (odd and tile-multiple shapes, masked K edges, bf16 and f32, both backends' forms);
 the cost they state; one compile for a TPU from this host."""
 import math
@@ -108,3 +108,56 @@ def test_pallas_matmul_runs_on_gpu():  # pragma: no cover - GPU hosts only
     a, b, bias = _inputs(300, 200, 500, "bfloat16")
     out = matmul(a, b, bias, block=(64, 64, 64), activation="gelu", backend="gpu")
     assert_close(np.asarray(out, np.float32), reference(a, b, bias, "gelu"), "bfloat16")
+
+
+# ---------------------------------------------------------------------------------------------- causal attention
+
+ATTN_CASES = [
+    ((2, 256, 64), (128, 128), True),    # blocks divide S; the diagonal blocks are partly masked, the rest skipped
+    ((3, 200, 64), (64, 128), True),     # S = 200: the last key block runs past S (masked scores, zeroed values)
+    ((2, 200, 32), (128, 64), False),    # no causal mask: every block visited
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape,blocks,causal", ATTN_CASES)
+def test_causal_attention_matches_float64_in_interpret_mode(shape, blocks, causal, dtype):
+    from models.kernels.attention import causal_attention, reference as attn_reference
+
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype) for _ in range(3))
+    out = causal_attention(q, k, v, block_q=blocks[0], block_k=blocks[1], causal=causal, interpret=True)
+    assert out.shape == shape and out.dtype == jnp.dtype(dtype)
+    ref = attn_reference(*(np.asarray(x, np.float64) for x in (q, k, v)), causal=causal)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    # float32: scores contract over D, the output over S keys: rounding grows like sqrt(D + S). bfloat16: the
+    # probabilities are rounded to bf16 before p·v (as flash kernels do), so the output carries S roundings of p
+    # on top of its own: 4x the one-rounding tolerance
+    assert_close(np.asarray(out, np.float32), ref, dtype,
+                 scale=math.sqrt(shape[1] + shape[2]) if dtype == "float32" else 4.0)
+
+
+def test_attention_cost_counts_the_visited_blocks():
+    from models.kernels.attention import attention_cost, visited_fraction
+
+    assert visited_fraction(256, 128, 128, True) == 0.75       # of the 2x2 block pairs, the upper one is skipped
+    assert visited_fraction(256, 128, 128, False) == 1.0
+    c = attention_cost(4, 256, 64, 128, 128, 2, causal=True)
+    assert c.flops == 4 * 4 * 256 * 256 * 64 * 0.75
+    assert c.bytes_accessed == 4 * 256 * 64 * 2 * 2 + 4 * 256 * 64 * 2 * 2 * 2 * 0.75
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
+def test_causal_attention_compiles_for_tpu_v5e():
+    from jax.sharding import SingleDeviceSharding
+
+    from models.kernels.attention import attention_cost, causal_attention
+
+    dev = topo.tpu_devices("tpu-v5e:1x1")[0]
+    s = jax.ShapeDtypeStruct((2, 512, 128), jnp.bfloat16, sharding=SingleDeviceSharding(dev))
+    c = jax.jit(lambda q, k, v: causal_attention(q, k, v)).lower(s, s, s).compile()
+    assert "tpu_custom_call" in c.as_text()
+    ca = c.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    assert ca["flops"] == pytest.approx(attention_cost(2, 512, 128, 128, 128, 2).flops)
