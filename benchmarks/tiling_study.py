@@ -11,8 +11,8 @@ tile search against the XLA dot, and what the fused kernel changes.
     compiled and measured (float32, smaller sizes).
 (c) tile search: the Pallas blocked matmul at 4096^3 bf16 for a v5e: ranked blocks, the best few compiled, against
     the XLA dot of the same shape (its compiled program's cycle estimate and the roofline at the tile model's padding).
-(d) fused epilogue: act(x @ w + b) compiled for the v5e by XLA and as the Pallas kernel with the epilogue fused:
-    kernels in the program and their HBM bytes (workbench.costs from the compiled HLO).
+(d) fused kernels: act(x @ w + b) and causal attention compiled for the v5e by XLA and as the Pallas kernels:
+    kernels in each program, their HBM bytes and temp memory (workbench.costs from the compiled HLO).
 
 Every figure lands in the results store (kind `tiling_study`) and under --out (CSV, Markdown, PNG). Timings taken
 while other work shares the machine are void; the compile-only TPU parts do not time anything.
@@ -116,12 +116,26 @@ def fused_section(out: str) -> dict:
     def pallas_fn(x, w, b):
         return matmul(x, w, b, block=(512, 1024, 512), activation="gelu")
 
+    from models.kernels.attention import causal_attention
+
+    qkv = jax.ShapeDtypeStruct((16, 2048, 128), jnp.bfloat16, sharding=sh)  # (batch·heads, seq, head_dim)
+
+    def xla_attn(q, k, v):
+        s = jnp.einsum("bqd,bkd->bqk", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(128.0)
+        s = jnp.where(jnp.tril(jnp.ones((2048, 2048), bool)), s, -1e30)
+        return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1).astype(q.dtype), v)
+
+    def pallas_attn(q, k, v):
+        return causal_attention(q, k, v, block_q=256, block_k=256)
+
     out_rows = {}
-    for name, fn in (("xla", xla_fn), ("pallas", pallas_fn)):
-        c = compile_program(fn, x, w, b, analytic=False, compute_dtype="bfloat16")
+    for name, fn, args in (("epilogue/xla", xla_fn, (x, w, b)), ("epilogue/pallas", pallas_fn, (x, w, b)),
+                           ("attention/xla", xla_attn, (qkv, qkv, qkv)),
+                           ("attention/pallas", pallas_attn, (qkv, qkv, qkv))):
+        c = compile_program(fn, *args, analytic=False, compute_dtype="bfloat16")
         out_rows[name] = {"kernels": len(c.cost.kernels), "kernel_kinds": [k.kind for k in c.cost.kernels],
                           "hlo_bytes": c.cost.hlo_bytes, "cost_analysis_bytes": c.cost.bytes_accessed,
-                          "flops": c.cost.flops, "compile_s": c.compile_s}
+                          "flops": c.cost.flops, "temp_bytes": c.cost.temp_bytes, "compile_s": c.compile_s}
     _write(out, "fused", [{"program": k, **{kk: (json.dumps(vv) if isinstance(vv, list) else vv)
                                            for kk, vv in v.items()}} for k, v in out_rows.items()])
     return out_rows

@@ -106,7 +106,9 @@ def causal_attention(q, k, v, *, block_q: int = 128, block_k: int = 128, causal:
     # keys/values above the diagonal are never read: clamp their block index to the last one needed (no new DMA)
     if causal:
         def kv_map(b, i, j):
-            return (b, jnp.minimum(j, (i * bq + bq - 1) // bk), 0)
+            # lax.div (truncating; the operand is >= 0): `//` on a traced index lowers through sign(), which asks
+            # for the TPU generation of the attached device and fails when compiling from a CPU host
+            return (b, jnp.minimum(j, lax.div(i * bq + (bq - 1), bk)), 0)
     else:
         def kv_map(b, i, j):
             return (b, j, 0)
