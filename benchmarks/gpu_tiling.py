@@ -12,13 +12,13 @@ the row says so. About a minute on an H200.
 """
 from __future__ import annotations
 
+from workbench.measure.harness import measure, random_inputs
+from workbench.programs.tiling import search, sweep
+
 
 def run(out_dir: str | None = None, spec=None, tiny: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
-
-    from workbench.measure import measure, random_inputs
-    from workbench.programs.tiling import search, sweep
 
     gpu = jax.devices()[0].platform in ("gpu", "cuda", "rocm")
     chip = spec.name if (spec is not None and gpu) else "host"

@@ -13,6 +13,11 @@ import argparse
 import json
 import statistics
 
+from workbench.hardware.devices import request_devices
+from workbench.measure.calibrate import load_or_calibrate
+from workbench.programs.demo import run_suite
+from workbench.results.console import print_table
+
 SIZES = [
     ("matmul", {"m": 512, "n": 512, "k": 512}),
     ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
@@ -39,10 +44,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from workbench.calibrate import load_or_calibrate
-    from workbench.commands._common import print_table
-    from workbench.demo import run_suite
-    from workbench.devices import request_devices
 
     request_devices(None)
     before = load_or_calibrate(force=True, quick=args.quick)
@@ -74,7 +75,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

@@ -12,7 +12,7 @@ tile search against the XLA dot, and what the fused kernel changes.
 (c) tile search: the Pallas blocked matmul at 4096^3 bf16 for a v5e: ranked blocks, the best few compiled, against
     the XLA dot of the same shape (its compiled program's cycle estimate and the roofline at the tile model's padding).
 (d) fused kernels: act(x @ w + b) and causal attention compiled for the v5e by XLA and as the Pallas kernels:
-    kernels in each program, their HBM bytes and temp memory (workbench.costs from the compiled HLO).
+    kernels in each program, their HBM bytes and temp memory (workbench.cost.report from the compiled HLO).
 
 Every figure lands in the results store (kind `tiling_study`) and under --out (CSV, Markdown, PNG). Timings taken
 while other work shares the machine are void; the compile-only TPU parts do not time anything.
@@ -26,13 +26,23 @@ import os
 import sys
 import time
 
+from models.kernels.attention import causal_attention
+from models.kernels.matmul import activate, matmul
+from partitioning.topology import tpu_devices
+from workbench.cost.compile import compile_program
+from workbench.hardware.devices import request_devices
+from workbench.hardware.hostmem import reexec_with_hugepages
+from workbench.hardware.tiles import tile_model
+from workbench.measure.calibrate import get_spec
+from workbench.programs.tiling import compiler_cycles, search, shape_report, sweep, tpu_clock_hz
+from workbench.results.figures import markdown_table
+from workbench.results.store import Store, make_record
+
 PRESETS = ("small", "gpt2-small", "llama2-7b", "llama3-8b", "llama3-70b", "mixtral-8x7b", "gpt3-175b")
 CHIPS = ("tpu-v5e", "tpu-v6e", "h100")
 
 
 def padding_section(out: str, step_batch: int = 8, seq: int | None = None) -> list[dict]:
-    from workbench.programs.tiling import shape_report
-
     rows = []
     for preset in PRESETS:
         for chip in CHIPS:
@@ -51,8 +61,6 @@ def padding_section(out: str, step_batch: int = 8, seq: int | None = None) -> li
 
 
 def sawtooth_section(out: str, quick: bool) -> list[dict]:
-    from workbench.programs.tiling import sweep
-
     step = 64 if quick else 32
     res = []
     for tgt in ("tpu-v5e:1x1", "tpu-v6e:1x1"):
@@ -74,10 +82,6 @@ def search_section(out: str, quick: bool) -> dict:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from partitioning.topology import tpu_devices
-    from workbench.programs.tiling import compiler_cycles, search, tpu_clock_hz
-    from workbench.tiles import tile_model
-    from workbench.hardware import get_spec
 
     r = search("matmul", 4096, 4096, 4096, "tpu-v5e:1x1", top=2 if quick else 3)
     dev = tpu_devices("tpu-v5e:1x1")[0]
@@ -99,9 +103,6 @@ def fused_section(out: str) -> dict:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from models.kernels.matmul import activate, matmul
-    from partitioning.topology import tpu_devices
-    from workbench.compile import compile_program
 
     dev = tpu_devices("tpu-v5e:1x1")[0]
     sh = SingleDeviceSharding(dev)
@@ -116,7 +117,6 @@ def fused_section(out: str) -> dict:
     def pallas_fn(x, w, b):
         return matmul(x, w, b, block=(512, 1024, 512), activation="gelu")
 
-    from models.kernels.attention import causal_attention
 
     qkv = jax.ShapeDtypeStruct((16, 2048, 128), jnp.bfloat16, sharding=sh)  # (batch·heads, seq, head_dim)
 
@@ -148,7 +148,6 @@ def _write(out: str, name: str, rows: list[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    from workbench.report import markdown_table
 
     with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(markdown_table(rows, list(rows[0])) + "\n")
@@ -177,8 +176,6 @@ def _bar(rows: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> int:
-    from workbench.hostmem import reexec_with_hugepages
-
     reexec_with_hugepages()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer sweep points, two compiled candidates")
@@ -186,8 +183,6 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma list of sections to skip: padding,sawtooth,search,fused")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    from workbench.devices import request_devices
-    from workbench.results import Store, make_record
 
     request_devices(None)
     skip = set(filter(None, a.skip.split(",")))

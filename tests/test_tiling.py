@@ -1,4 +1,4 @@
-"""Tile model (workbench/tiles.py), padding arithmetic against hand-computed values, layouts read from compiled HLO,
+"""Tile model (workbench/hardware/tiles.py), padding arithmetic against hand-computed values, layouts read from compiled HLO,
 block enumeration against on-chip memory, the `workbench tiling` commands."""
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from partitioning import topology as topo
-from workbench import tiles
+from workbench.hardware import tiles
 from workbench.errors import WorkbenchError
 from workbench.programs import tiling
 
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_chip_has_sources_and_the_catalogue_names():
-    from workbench.hardware import catalogue
+    from workbench.hardware.spec import catalogue
 
     for name in catalogue():
         assert name in tiles.TILES, f"{name} has no tile model"
@@ -186,7 +186,7 @@ def test_block_enumeration_respects_onchip_memory():
 def test_tile_roofline_prefers_compute_bound_blocks():
     """A 128x128 block on v5e reads 64 FLOP/B (below the 240 ridge): memory-bound; 512x512 is compute-bound."""
     spec_model = tiles.TILES["tpu-v5e"]
-    from workbench.hardware import get_spec
+    from workbench.measure.calibrate import get_spec
 
     spec = get_spec("tpu-v5e")
     small = tiling.predict_block(4096, 4096, 4096, (128, 128, 128), spec_model, spec, "bfloat16", "bfloat16")

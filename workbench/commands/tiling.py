@@ -1,9 +1,15 @@
 """`workbench tiling shape|sweep|search`: padding to the matrix units, the shape sawtooth, the Pallas tile search."""
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
+
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import request_devices
+from workbench.results.console import emit_json, print_table
+from workbench.results.store import Store, make_record
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +33,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Padded shapes, matrix-unit utilization, wasted flops and bytes, predicted time; friendlier dimensions."""
-        from workbench.commands._common import emit_json, print_table
         from workbench.programs.tiling import shape_report
 
         r = shape_report(target, m=m, n=n, k=k, batch=batch, dtype=dtype, preset=preset, overrides=set_,
@@ -64,13 +69,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Compile the dot across a range of k and plot predicted (and on the host measured) time and throughput."""
-        import time
-
-        from workbench.commands._common import emit_json, print_table
-        from workbench.devices import request_devices
-        from workbench.errors import WorkbenchError
         from workbench.programs.tiling import sweep
-        from workbench.results import Store, make_record
 
         if repeats < 1:
             raise WorkbenchError(f"--repeats must be >= 1, got {repeats}")
@@ -106,10 +105,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Enumerate Pallas block shapes that fit on chip, predict each from its tile roofline, compile the best."""
-        from workbench.commands._common import emit_json, print_table
-        from workbench.devices import request_devices
         from workbench.programs.tiling import search
-        from workbench.results import Store, make_record
 
         request_devices(None)
         r = search(kernel, m, n, k, target, dtype=dtype, top=compile_top, step_overhead_s=step_overhead_us * 1e-6)

@@ -4,8 +4,8 @@ search for the Pallas blocked matmul.
 Three programs (each returns a frozen result with `to_record()`; `workbench tiling shape|sweep|search`):
 
 shape_report   a matmul (or every matmul of a preset's step) padded to the chip's matrix-unit granule
-               (workbench.tiles.pad_granule): padded shapes, utilization = useful / padded flops, wasted flops and
-               bytes, the roofline time at the padded size (workbench.roofline.predict on a CostReport of the padded
+               (workbench.hardware.tiles.pad_granule): padded shapes, utilization = useful / padded flops, wasted flops and
+               bytes, the roofline time at the padded size (workbench.roofline.prediction.predict on a CostReport of the padded
                matmul); for a model, the waste each config dimension causes and its nearest friendly values.
 sweep          compiles x(m, k) @ y(k, n) for k over a range for the target (a TPU slice through libtpu's compile-only
                devices; the host, measured), reads each operand's layout from the compiled HLO
@@ -29,12 +29,18 @@ import sys
 import time
 from typing import Any
 
-from workbench import tiles
-from workbench.costs import CostReport
+from models.kernels.matmul import Block, matmul
+from models.presets import get_config
+from partitioning import topology as topo
+from workbench.cost.compile import compile_program
+from workbench.cost.hlo import DTYPE_BYTES, KernelCost
+from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
-from workbench.hardware import HardwareSpec, get_spec, resolve_name
-from workbench.hlo import KernelCost
-from workbench.roofline import predict
+from workbench.hardware import tiles
+from workbench.hardware.spec import HardwareSpec, resolve_name
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import measure, random_inputs
+from workbench.roofline.prediction import predict
 
 # ------------------------------------------------------------------------------------------------- targets
 
@@ -55,8 +61,6 @@ class TilingTarget:
 
 def parse_tiling_target(text: str) -> TilingTarget:
     """`tpu-v6e` (one chip), `tpu-v5e:2x2` (a slice), `h100:8` (a node), `host`."""
-    from partitioning import topology as topo
-
     if not text or not str(text).strip():
         raise WorkbenchError("empty --target; give a chip (tpu-v6e, h100), a slice (tpu-v5e:1x1) or host")
     raw = str(text).strip().lower()
@@ -232,8 +236,6 @@ def shape_report(target: str, *, m: int | None = None, n: int | None = None, k: 
         source = "matmul"
         cfg = None
     else:
-        from models.presets import get_config
-
         cfg = get_config(preset, overrides)
         shapes = model_matmuls(cfg, batch=step_batch, seq=seq or cfg.seq_len, mode=mode)
         source = f"preset {preset} ({mode}, batch {step_batch}, seq {seq or cfg.seq_len})"
@@ -357,8 +359,6 @@ class Layout:
 
     @property
     def bytes_padded(self) -> float:
-        from workbench.hlo import DTYPE_BYTES
-
         return math.prod(self.padded_dims) * DTYPE_BYTES.get(self.dtype, 4)
 
 
@@ -454,12 +454,10 @@ def _sweep_devices(t: TilingTarget):
     if t.is_host:
         return jax.devices("cpu")[0], True
     if t.topology is not None and t.topology.kind == "tpu":
-        from partitioning.topology import tpu_devices
-
         if t.n_devices != 1:
             raise WorkbenchError(f"the sweep compiles one chip's dot; give a one-chip slice such as "
                                  f"tpu-{t.topology.family}:1x1{'x1' if len(t.topology.shape) == 3 else ''}")
-        return tpu_devices(t.topology.name)[0], False
+        return topo.tpu_devices(t.topology.name)[0], False
     local = [d for d in jax.devices() if d.platform in ("gpu", "cuda", "rocm", "tpu")]
     if local:
         return local[0], True
@@ -474,8 +472,6 @@ def sweep(target: str, m: int, n: int, k_from: int, k_to: int, step: int = 8, *,
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
-
-    from workbench.compile import compile_program
 
     for name, v in (("--m", m), ("--n", n), ("--k-from", k_from), ("--k-to", k_to), ("--step", step)):
         if int(v) < 1:
@@ -523,8 +519,6 @@ def sweep(target: str, m: int, n: int, k_from: int, k_to: int, step: int = 8, *,
         cyc = compiler_cycles(comp.hlo_text)
         meas = None
         if local:
-            from workbench.measure import measure, random_inputs
-
             x, y = random_inputs((a, b), seed=k)
             meas = measure(comp.compiled, x, y, warmup=2, repeats=repeats, compile_s=comp.compile_s).median_s
         points.append(SweepPoint(k, m, n, (params[0].text, params[1].text, results[0].text), pad, mxu, pred, ideal,
@@ -770,8 +764,6 @@ def _compile_top(cands, kernel, m, n, k, t: TilingTarget, model, dtype, top, mea
     import jax
     import jax.numpy as jnp
 
-    from models.kernels.matmul import Block, matmul
-
     if top == 0:
         return cands
     dev, backend, local = None, None, False
@@ -779,9 +771,7 @@ def _compile_top(cands, kernel, m, n, k, t: TilingTarget, model, dtype, top, mea
         if t.topology is None or t.n_devices != 1:
             notes.append(f"not compiled: give a one-chip TPU slice (e.g. {model.chip}:1x1) to compile candidates")
             return cands
-        from partitioning.topology import tpu_devices
-
-        dev = tpu_devices(t.topology.name)[0]
+        dev = topo.tpu_devices(t.topology.name)[0]
         backend = "tpu"
         local = any(d.platform == "tpu" for d in jax.devices())
         if local:
@@ -829,8 +819,6 @@ def _compile_top(cands, kernel, m, n, k, t: TilingTarget, model, dtype, top, mea
         cs = time.perf_counter() - t0
         meas = None
         if ok and local and measure_local:
-            from workbench.measure import measure, random_inputs
-
             meas = measure(compiled, *random_inputs(args, seed=1), warmup=2, repeats=5, compile_s=cs).median_s
         out[i] = dataclasses.replace(c, compiled=ok, compile_s=cs, compile_error=err, measured_s=meas,
                                      reason=c.reason if ok else f"compile failed: {err}")
