@@ -143,7 +143,9 @@ _SCOPED_NOTE = ("Mosaic's default scoped-VMEM limit for one kernel (raise it wit
 TILES: dict[str, TileModel] = {
     "tpu-v4": _tpu("tpu-v4", 128, 4, 2, 16, CLOUD_TPU_V4, cores_note="2 TensorCores per chip (megacore: one device)",
                    scoped_mib=16, scoped_note=_SCOPED_NOTE),
-    "tpu-v5e": _tpu("tpu-v5e", 128, 4, 1, 128, CLOUD_TPU_V5E, scoped_mib=16, scoped_note=_SCOPED_NOTE),
+    "tpu-v5e": _tpu("tpu-v5e", 128, 4, 1, 128, CLOUD_TPU_V5E, scoped_mib=16,
+                    scoped_note=_SCOPED_NOTE + "; for v5e confirmed by libtpu compiling a Pallas kernel from a CPU "
+                    "host: 'Scoped allocation with size 18.36M and limit 16.00M exceeded scoped vmem limit'"),
     "tpu-v5p": _tpu("tpu-v5p", 128, 4, 2, 64, CLOUD_TPU_V5P, cores_note="2 TensorCores per chip (megacore: one device)",
                     scoped_mib=16, scoped_note=_SCOPED_NOTE),
     "tpu-v6e": _tpu("tpu-v6e", 256, 2, 1, 128, CLOUD_TPU_V6E, scoped_mib=32, scoped_note=_SCOPED_NOTE),
