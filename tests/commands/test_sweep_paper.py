@@ -14,7 +14,7 @@ from workbench.errors import WorkbenchError
 from workbench.programs import sweep as sw
 from workbench.results.store import Store, make_record
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GRID = """# a grid over matmul sizes, predicted for a TPU chip
 [sweep]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = [
     (["moe", "route", "--tokens", "1024", "--experts", "8", "--top-k", "2", "--capacity-factor", "inf"],
