@@ -63,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
 from models.params import normal, param, zeros
+from models.precision import ragged_dot_f32
 from partitioning.mesh import TENSOR_AXIS
 from partitioning.shard import current
 from workbench.errors import WorkbenchError
@@ -281,10 +282,9 @@ def experts_dense(params: dict, x_ecd, mlp: str, dot) -> jax.Array:
 
 
 def ragged_dot(x_rd, w_edf, group_sizes, compute_dtype):
-    """Grouped matmul with the policy's compute dtype and float32 accumulation (the policy has no ragged op)."""
-    y = jax.lax.ragged_dot(x_rd.astype(compute_dtype), w_edf.astype(compute_dtype), group_sizes,
-                           preferred_element_type=jnp.float32)
-    return y.astype(compute_dtype)
+    """Grouped matmul with the policy's compute dtype and float32 accumulation, forward and backward (the policy has
+    no ragged op; models.precision.ragged_dot_f32)."""
+    return ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype).astype(compute_dtype)
 
 
 def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype) -> jax.Array:

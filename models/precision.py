@@ -12,24 +12,137 @@ subclass `PrecisionPolicy` and register themselves in `_REGISTRY` (see models/qu
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from workbench.errors import WorkbenchError
 
+# ------------------------------------------------------------------------------------------------------------------
+# dots that accumulate and return float32, forward and backward
+# ------------------------------------------------------------------------------------------------------------------
+# XLA:CPU runs a bf16 dot 2.3-2.8x faster when it accumulates and returns float32 (preferred_element_type) than when
+# it returns bf16 (a Zen 5 host with avx512_bf16: 865-903 vs 321 GFLOP/s at 2048^3; docs/models.md). The backward
+# dots JAX derives for a forward dot are not under the model's control: jax 0.10 promotes the bf16 operand to the
+# float32 cotangent's dtype (a float32 dot), later versions return the input dtype (a bf16-output dot). The custom
+# VJPs below write both backward products themselves: compute-dtype operands, float32 accumulation and result, one
+# cast to the primal's dtype. On TPU and GPU this is what the matrix units do anyway (bf16 in, f32 accumulate), so
+# the model stays written once; float32 accumulation is also the more accurate form (the weight gradient, a sum
+# over batch x positions, reaches the float32 master weight without a bf16 rounding in between).
+F32 = jnp.float32
+
+
+@functools.lru_cache(maxsize=512)
+def transposed_equations(eq: str) -> tuple[str, str]:
+    """'btd,df->btf' -> ('btf,df->btd', 'btd,btf->df'): the equations of d/dx and d/dw of einsum(eq, x, w).
+
+    Needs an explicit two-operand equation in which every label of one operand also appears in the other or in the
+    output (no label summed inside one operand, none repeated in an operand); anything else: ValueError."""
+    e = eq.replace(" ", "")
+    if "..." in e or "->" not in e or e.count(",") != 1:
+        raise ValueError(f"einsum {eq!r}: the float32-accumulating einsum needs an explicit two-operand equation "
+                         "such as 'btd,df->btf'")
+    ins, out = e.split("->")
+    xl, wl = ins.split(",")
+    for part in (xl, wl, out):
+        if len(set(part)) != len(part):
+            raise ValueError(f"einsum {eq!r}: a label is repeated within one operand")
+    for a, b in ((xl, wl), (wl, xl)):
+        if any(lab not in b and lab not in out for lab in a):
+            raise ValueError(f"einsum {eq!r}: a label is summed inside one operand; sum it before the einsum")
+    if any(lab not in xl and lab not in wl for lab in out):
+        raise ValueError(f"einsum {eq!r}: an output label appears in neither operand")
+    return f"{out},{wl}->{xl}", f"{xl},{out}->{wl}"
+
+
+def _acc32(eq, a, b):
+    return jnp.einsum(eq, a, b, preferred_element_type=F32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _einsum_f32(eq, compute_dtype, x, w):
+    return _acc32(eq, x.astype(compute_dtype), w.astype(compute_dtype))
+
+
+def _einsum_f32_fwd(eq, compute_dtype, x, w):
+    xc, wc = x.astype(compute_dtype), w.astype(compute_dtype)
+    # residuals in the compute dtype (what the backward products read); zero-size protos carry the primal dtypes
+    return _acc32(eq, xc, wc), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+
+
+def _einsum_f32_bwd(eq, compute_dtype, res, g):
+    xc, wc, x_proto, w_proto = res
+    eq_dx, eq_dw = transposed_equations(eq)
+    gc = g.astype(compute_dtype)  # the cotangent as a dot operand: the compute dtype, like the forward operands
+    return _acc32(eq_dx, gc, wc).astype(x_proto.dtype), _acc32(eq_dw, xc, gc).astype(w_proto.dtype)
+
+
+_einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
+
+
+def einsum_f32(eq: str, x, w, compute_dtype=F32):
+    """einsum(eq, x, w) with both operands cast to `compute_dtype`, accumulated in float32, returned in float32.
+
+    Differentiable: for a compute dtype narrower than float32 both backward products (d/dx, d/dw) also take
+    compute-dtype operands and accumulate and return float32, cast once to the dtype of x and w respectively. A
+    float32 compute dtype is a plain float32 einsum (JAX's derived backward already is float32 throughout)."""
+    if np.dtype(compute_dtype) == np.float32:
+        return _acc32(eq, x.astype(F32), w.astype(F32))
+    transposed_equations(eq)  # validate at trace time, with the equation in the message
+    return _einsum_f32(eq, compute_dtype, x, w)
+
+
+def _ragged_dw_dims():
+    # dw[e] = x[rows of e]^T . g[rows of e]: rows (ragged, contracted) of both operands, a group axis in the output
+    return jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((0,), (0,)), ((), ())),
+                                             lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ragged_f32(compute_dtype, x_rd, w_edf, group_sizes):
+    return jax.lax.ragged_dot(x_rd.astype(compute_dtype), w_edf.astype(compute_dtype), group_sizes,
+                              preferred_element_type=F32)
+
+
+def _ragged_f32_fwd(compute_dtype, x_rd, w_edf, group_sizes):
+    xc, wc = x_rd.astype(compute_dtype), w_edf.astype(compute_dtype)
+    y = jax.lax.ragged_dot(xc, wc, group_sizes, preferred_element_type=F32)
+    return y, (xc, wc, group_sizes, jnp.zeros((0,), x_rd.dtype), jnp.zeros((0,), w_edf.dtype))
+
+
+def _ragged_f32_bwd(compute_dtype, res, g_rf):
+    xc, wc, group_sizes, x_proto, w_proto = res
+    gc = g_rf.astype(compute_dtype)
+    dx = jax.lax.ragged_dot(gc, jnp.swapaxes(wc, 1, 2), group_sizes, preferred_element_type=F32)
+    dw = jax.lax.ragged_dot_general(xc, gc, group_sizes, _ragged_dw_dims(), preferred_element_type=F32)
+    return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype), None
+
+
+_ragged_f32.defvjp(_ragged_f32_fwd, _ragged_f32_bwd)
+
+
+def ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype=F32):
+    """jax.lax.ragged_dot (rows sorted by group, one (d, f) matrix per group) with compute-dtype operands and float32
+    accumulation and result, forward and backward (as einsum_f32)."""
+    if np.dtype(compute_dtype) == np.float32:
+        return jax.lax.ragged_dot(x_rd.astype(F32), w_edf.astype(F32), group_sizes, preferred_element_type=F32)
+    return _ragged_f32(compute_dtype, x_rd, w_edf, group_sizes)
+
 
 class Einsum(nnx.Module):
-    """Plain einsum: cast both operands to the compute dtype, accumulate in float32, return the compute dtype."""
+    """Plain einsum: cast both operands to the compute dtype, accumulate in float32 (forward and backward: einsum_f32),
+    return `out_dtype` (default: the compute dtype; float32 keeps the elementwise work between dots in float32)."""
 
-    def __init__(self, compute_dtype):
+    def __init__(self, compute_dtype, out_dtype=None):
         self.compute_dtype = compute_dtype
+        self.out_dtype = compute_dtype if out_dtype is None else out_dtype
 
     def __call__(self, eq: str, x, w):
-        cd = self.compute_dtype
-        y = jnp.einsum(eq, x.astype(cd), w.astype(cd), preferred_element_type=jnp.float32)
-        return y.astype(cd)
+        return einsum_f32(eq, x, w, self.compute_dtype).astype(self.out_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +151,10 @@ class PrecisionPolicy:
     compute_dtype: object = jnp.float32
     param_dtype: object = jnp.float32
     description: str = ""
+    activation_dtype: object = None  # what the einsums return; None: compute_dtype
 
     def einsum_module(self, rngs: nnx.Rngs | None = None) -> nnx.Module:
-        return Einsum(self.compute_dtype)
+        return Einsum(self.compute_dtype, self.activation_dtype)
 
     @property
     def loss_scaling(self):
@@ -53,6 +167,13 @@ _REGISTRY: dict[str, Callable[..., PrecisionPolicy]] = {
     "bf16": lambda **kw: PrecisionPolicy(
         "bf16", jnp.bfloat16,
         description="float32 master parameters, bfloat16 compute, float32 accumulation/softmax/norms/optimizer"),
+    # bf16 dot operands only: every dot returns its float32 accumulator and the elementwise work between dots (biases,
+    # GELU, the attention scale and transposes) stays in float32, so a CPU without bf16 vector arithmetic converts
+    # only the dot operands (docs/models.md, bf16 on CPU hosts)
+    "bf16-f32act": lambda **kw: PrecisionPolicy(
+        "bf16-f32act", jnp.bfloat16, activation_dtype=jnp.float32,
+        description="as bf16, but the dots return float32: elementwise work between dots in float32, bf16 only as "
+                    "dot operands"),
 }
 _EXTENSIONS = ["models.quant"]  # modules that add policies to _REGISTRY when imported
 

@@ -308,7 +308,7 @@ def test_expert_parallel_equals_unsharded(shape, names, kw):
 
 @pytest.mark.compile_heavy
 def test_expert_parallel_with_tensor_axis_and_gradients_match():
-    mesh = jax.make_mesh((2, 2, 2), ("data", "expert", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "expert", "model"), axis_types=(AxisType.Auto,) * 3)  # model: the tensor axis
     blk = _block(n_experts=4, capacity_factor=1.0)
     x = jax.random.normal(jax.random.key(12), (4, 8, 8))
 

@@ -13,9 +13,9 @@ def register(app: typer.Typer) -> None:
     def calibrate_cmd(force: bool = typer.Option(False, "--force", help="re-measure even if cached"),
                       quick: bool = typer.Option(False, "--quick", help="small sizes (seconds; for tests)"),
                       json_out: bool = typer.Option(False, "--json")):
-        """Measure XLA's matmul FLOP/s (float32, bfloat16), streaming bandwidth and special-function throughput on
-        this host, beside the physical peaks derived from its CPU features. Cached per host fingerprint."""
-
+        """Measure XLA's matmul FLOP/s (float32, bfloat16, float16, fp8; each in its fastest result form), streaming
+        bandwidth and special-function throughput on this host, beside the physical peaks derived from its CPU
+        features. Cached per host fingerprint."""
         request_devices(None)
         cal = load_or_calibrate(force=force, quick=quick)
         if json_out:
@@ -25,13 +25,16 @@ def register(app: typer.Typer) -> None:
         print(f"host: {cal['cpu']['model']} ({cal['cpu']['cores']} cores), calibrated {cal['time']}"
               + (" [cached]" if cal.get("cached") else ""))
         for dt, v in cal["matmul"].items():
-            print(f"  XLA matmul {dt:9s} {v['flops_per_s'] / 1e9:8.1f} GFLOP/s (IQR {v['flops_per_s_iqr'] / 1e9:.1f}, "
-                  f"n={v['n']})   physical peak {phys[dt] / 1e9:8.1f} GFLOP/s")
+            peak = f"   physical peak {phys[dt] / 1e9:8.1f} GFLOP/s" if dt in phys else ""
+            print(f"  XLA matmul {dt:13s} {v['flops_per_s'] / 1e9:8.1f} GFLOP/s (IQR {v['flops_per_s_iqr'] / 1e9:.1f}, "
+                  f"n={v['n']}, {v.get('result_dtype', dt)} result){peak}")
         s = cal["stream"]
         print(f"  stream bandwidth   {s['bytes_per_s'] / 1e9:8.2f} GB/s (IQR {s['bytes_per_s_iqr'] / 1e9:.2f}; "
               f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
+        for line in cal.get("findings", []):
+            print(f"  finding: {line}")
         for k, v in cal["physical"]["derivation"].items():
             if k in ("float32", "bfloat16", "fma_pipes_why", "clock_source"):
                 print(f"  physical {k}: {v}")

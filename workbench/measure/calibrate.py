@@ -1,7 +1,9 @@
 """Host calibration: what XLA achieves on this machine, beside what its cores could do on paper.
 
 Measured (through the one harness, workbench.measure.harness; median and IQR over repeats):
-- matmul FLOP/s for float32 and bfloat16 through XLA (square n³, random inputs);
+- matmul FLOP/s through XLA (square n³, random inputs) for float32, bfloat16, float16 and the fp8 formats, each
+  narrow dtype with a float32 result (preferred_element_type) and a narrow one: the faster form is the ceiling, the
+  slower one a line in `findings`;
 - streaming memory bandwidth: y = a·x + b over buffers far larger than the last-level cache, counting bytes read +
   written;
 - special-function throughput (exp, tanh, log) through XLA: a chain of 2 dependent applications on an
@@ -27,9 +29,9 @@ from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
 from workbench.hardware.spec import get_spec as catalogue_spec
-from workbench.measure.harness import measure, measure_steps, random_inputs
+from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 7
+CALIBRATION_VERSION = 8
 
 
 def cache_dir() -> str:
@@ -161,11 +163,93 @@ def _say(msg: str, quiet: bool):
         print(msg, file=sys.stderr, flush=True)
 
 
+# operand dtype -> the result dtypes its dot is measured with. XLA:CPU has two forms of a narrow-float dot: the result
+# in the operand dtype, or float32 accumulation and result (preferred_element_type=float32); on a Zen 5 host with
+# avx512_bf16 the bf16 forms ran at 321 and 865-903 GFLOP/s (docs/hardware.md). fp8 dots are measured with float32 and
+# bfloat16 results (models/quant.py's form and the narrow one); an fp8 result is not a form any policy uses.
+MATMUL_FORMS: dict[str, tuple[str, ...]] = {
+    "float32": ("float32",),
+    "bfloat16": ("float32", "bfloat16"),
+    "float16": ("float32", "float16"),
+    "float8_e4m3fn": ("float32", "bfloat16"),
+    "float8_e5m2": ("float32", "bfloat16"),
+}
+
+
+def bf16_isa(flags) -> str:
+    """What this CPU multiplies bfloat16 with: 'amx_bf16' (tile multiply), 'avx512_bf16' (VDPBF16PS dot products into
+    float32 lanes) or 'none' (no bf16 arithmetic: operands are widened to float32 before float32 FMAs)."""
+    f = set(flags)
+    return "amx_bf16" if "amx_bf16" in f else "avx512_bf16" if "avx512_bf16" in f else "none"
+
+
+def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) -> tuple[dict, list[str]]:
+    """Square n³ matmuls through XLA for every dtype and result form of MATMUL_FORMS (random inputs, the one harness).
+
+    Returns ({dtype: the fastest form's figures (flops_per_s: median, flops_per_s_best, iqr, spread), 'result_dtype'
+    (that form), 'forms' {result dtype: figures, or {'error': ...} where XLA cannot compile it}}, findings: one line
+    per dtype naming the slow form and how much slower it ran, and where a narrow dtype's ceiling falls below
+    float32's)."""
+    import jax
+    import jax.numpy as jnp
+
+    isa = bf16_isa(feat.get("flags", ()))
+    mm: dict[str, Any] = {}
+    findings: list[str] = []
+    fl = 2.0 * n**3
+    for dt, results in MATMUL_FORMS.items():
+        a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
+        x, y = random_inputs((a, a), seed=1)
+        x, y = jax.device_put(x, dev), jax.device_put(y, dev)
+        forms: dict[str, dict] = {}
+        compiled = {}
+        for rt in results:
+            f = jax.jit(lambda p, q, rt=jnp.dtype(rt): jax.lax.dot(p, q, preferred_element_type=rt))
+            try:
+                compiled[rt] = f.lower(x, y).compile()
+            except Exception as e:  # noqa: BLE001 - an unsupported form is a finding, not a failed calibration
+                forms[rt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        # the forms alternate in rounds, so a drift in the machine's load reaches every form alike
+        rounds = 3 if len(compiled) > 1 else 1
+        times: dict[str, list[float]] = {rt: [] for rt in compiled}
+        for r in range(rounds):
+            for rt, c in compiled.items():
+                _say(f"calibrate: {dt} matmul {n}³ through XLA, {rt} result"
+                     + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""), quiet)
+                times[rt] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
+        for rt, ts in times.items():
+            m = summarize(ts, warmup=2, calls=1, compile_s=None)
+            forms[rt] = {"n": n, "result_dtype": rt, "flops_per_s": fl / m.median_s,
+                         "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2, "flops_per_s_best": fl / m.min_s,
+                         "spread": m.spread, "wide_spread": m.wide_spread, "rounds": rounds}
+        ok = {rt: v for rt, v in forms.items() if "flops_per_s" in v}
+        for rt, v in forms.items():
+            if "error" in v:
+                findings.append(f"XLA:CPU cannot run a {dt} matmul with a {rt} result here ({v['error']})")
+        if not ok:
+            continue
+        best_rt = max(ok, key=lambda r: ok[r]["flops_per_s"])
+        mm[dt] = dict(ok[best_rt], forms=forms)
+        for rt, v in ok.items():
+            if rt != best_rt:
+                b = ok[best_rt]["flops_per_s"]
+                findings.append(
+                    f"XLA:CPU {dt} matmul {n}³ ran {b / v['flops_per_s']:.2f}× faster with a {best_rt} result "
+                    f"({b / 1e9:.0f} GFLOP/s) than with a {rt} result ({v['flops_per_s'] / 1e9:.0f}); the {best_rt}-"
+                    f"result form is the {dt} ceiling (CPU bf16 arithmetic: {isa})")
+    f32 = mm.get("float32", {}).get("flops_per_s")
+    for dt, v in mm.items():
+        if dt != "float32" and f32:
+            r = v["flops_per_s"] / f32
+            findings.append(f"XLA:CPU {dt} ceiling is {r:.2f}× float32's ({v['flops_per_s'] / 1e9:.0f} vs "
+                            f"{f32 / 1e9:.0f} GFLOP/s, {v['result_dtype']} result; CPU bf16 arithmetic: {isa})")
+    return mm, findings
+
+
 def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     """Measure the host's ceilings (about 10–30 s; quick=True uses small sizes, for tests)."""
     import jax
     import jax.numpy as jnp
-
 
     feat = cpu_features()
     reps = 5 if quick else 9
@@ -174,21 +258,11 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                            "jax": jax.__version__, "backend": jax.default_backend(),
                            "devices": len(jax.devices())}
     dev = jax.devices()[0]
-    # matmuls
+    # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
     n = 512 if quick else 2048
-    mm = {}
-    for dt in ("float32", "bfloat16"):
-        _say(f"calibrate: {dt} matmul {n}³ through XLA", quiet)
-        a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
-        f = jax.jit(lambda x, y: x @ y)
-        x, y = random_inputs((a, a), seed=1)
-        x, y = jax.device_put(x, dev), jax.device_put(y, dev)
-        c = f.lower(x, y).compile()
-        m = measure(c, x, y, warmup=2, repeats=reps)
-        fl = 2.0 * n**3
-        mm[dt] = {"n": n, "flops_per_s": fl / m.median_s, "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2,
-                  "flops_per_s_best": fl / m.min_s, "spread": m.spread, "wide_spread": m.wide_spread}
+    mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
     out["matmul"] = mm
+    out.setdefault("findings", []).extend(findings)
     # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak
     curve = []
     for cn in ((128, 256, 512) if quick else (128, 256, 512, 1024, 4096)):
@@ -201,7 +275,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     curve.append({"n": mm["float32"]["n"], "flops_per_s": mm["float32"]["flops_per_s"],
                   "spread": mm["float32"]["spread"]})
     out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
-    out["physical"] = physical_peaks(feat, measured_f32=max(v["flops_per_s_best"] for v in mm.values()))
+    out["physical"] = physical_peaks(feat, measured_f32=mm["float32"]["flops_per_s_best"])
     # streaming bandwidth, buffers far larger than the last-level cache
     llc = feat["llc_bytes"] or 32 * 2**20
     nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
@@ -324,7 +398,9 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
                      f"{k}: {v}" for k, v in cal["physical"]["derivation"].items() if k in ("float32", "bfloat16")),
                      date),
                  "hbm_bytes": Source("/proc/meminfo MemTotal", date)},
-        notes=(f"{feat['model']}, {feat['cores']} cores", "XLA:CPU computes bfloat16 matmuls in float32",
+        notes=(f"{feat['model']}, {feat['cores']} cores",
+               "narrow-float ceilings are the fastest result form measured: "
+               + ", ".join(f"{dt} -> {v.get('result_dtype', dt)}" for dt, v in cal["matmul"].items()),
                "transcendentals_per_s is the median of exp/tanh/log: "
                + ", ".join(f"{k} {v['per_s']:.3g}/s" for k, v in tr.items())))
 

@@ -111,3 +111,124 @@ def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = No
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def fusion_chart(result: dict, path: str, title: str = "", top: int = 12) -> str:
+    """The fusion explorer's figure (workbench.programs.fusion's record): bytes and time per variant (predicted
+    hollow, measured filled), and the longest kernels of the default and no-fusion variants, predicted beside
+    measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    vs = result["variants"]
+    names = list(vs)
+    shown = [n for n in ("default", "no-fusion") if n in result["kernels"]]
+    fig, axes = plt.subplots(1, 2 + len(shown), figsize=(6 + 5 * (1 + len(shown)), 5), dpi=110)
+    x = np.arange(len(names))
+    axes[0].bar(x, [vs[n]["bytes"] / 1e6 for n in names], color="C0")
+    axes[0].set_ylabel("MB moved (Σ kernel bytes in + out)")
+    axes[0].set_title("bytes per variant")
+    pred = [vs[n]["predicted_s"] * 1e3 for n in names]
+    meas = [(vs[n]["measured_s"] or 0) * 1e3 for n in names]
+    axes[1].bar(x - 0.2, pred, 0.4, facecolor="none", edgecolor="C1", label="predicted")
+    if any(meas):
+        axes[1].bar(x + 0.2, meas, 0.4, color="C1", label="measured")
+    axes[1].set_ylabel("ms per run")
+    axes[1].set_title("time per variant")
+    axes[1].legend(fontsize=8)
+    for ax in axes[:2]:
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    for ax, name in zip(axes[2:], shown):
+        ks = sorted(result["kernels"][name], key=lambda r: -(r["measured_s"] if r["measured_s"] is not None
+                                                              else r["predicted_s"]))[:top]
+        y = np.arange(len(ks))
+        ax.barh(y - 0.2, [r["predicted_s"] * 1e3 for r in ks], 0.4, facecolor="none", edgecolor="C2",
+                label="predicted")
+        if any(r["measured_s"] for r in ks):
+            ax.barh(y + 0.2, [(r["measured_s"] or 0) * 1e3 for r in ks], 0.4, color="C2", label="measured")
+        ax.set_yticks(y)
+        ax.set_yticklabels([f"{r['name'][:28]} [{r['kind']}]" for r in ks], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per run")
+        ax.set_title(f"{name}: longest kernels", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
+    """benchmarks.fusion_study's figure: per case, bytes fused against unfused (log scale), and time per run fused
+    against unfused, measured (filled) beside predicted (hollow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r["case"] for r in rows]
+    x = np.arange(len(names))
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(max(10, 1.4 * len(names)), 4.8), dpi=110)
+    a0.bar(x - 0.2, [r["bytes_fused"] / 1e6 for r in rows], 0.4, color="C0", label="fused (default)")
+    a0.bar(x + 0.2, [(r["bytes_unfused"] or 0) / 1e6 for r in rows], 0.4, color="C3", label="unfused")
+    a0.set_yscale("log")
+    a0.set_ylabel("MB moved per run")
+    a0.set_title("bytes")
+    w = 0.2
+    for i, (key, c, lab) in enumerate((("fused", "C0", "fused"), ("unfused", "C3", "unfused"))):
+        a1.bar(x + (2 * i - 1.5) * w, [(r[f"measured_{key}_s"] or 0) * 1e3 for r in rows], w, color=c,
+               label=f"{lab} measured")
+        a1.bar(x + (2 * i - 0.5) * w, [(r[f"predicted_{key}_s"] or 0) * 1e3 for r in rows], w, facecolor="none",
+               edgecolor=c, label=f"{lab} predicted")
+    a1.set_yscale("log")
+    a1.set_ylabel("ms per run")
+    a1.set_title("time")
+    for ax in (a0, a1):
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def peer_chart(result: dict, path: str) -> str:
+    """benchmarks.peer: tokens/s of the workbench and PyTorch per precision (bars), the ratio above each pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    precs = list(result["precisions"])
+    fig, ax = plt.subplots(figsize=(max(4.5, 2.2 * len(precs) + 1.5), 4.2), dpi=120)
+    w = 0.38
+    for j, (side, label, color) in enumerate((("workbench", "workbench (JAX/XLA)", "tab:blue"),
+                                             ("torch", f"PyTorch {result.get('torch', '')}", "tab:orange"))):
+        vals = [result["precisions"][p][side]["tokens_per_s"] for p in precs]
+        ax.bar([i + (j - 0.5) * w for i in range(len(precs))], vals, w, label=label, color=color)
+    for i, p in enumerate(precs):
+        v = result["precisions"][p]
+        top = max(v["workbench"]["tokens_per_s"], v["torch"]["tokens_per_s"])
+        ax.text(i, top * 1.03, f"{v['ratio_tokens_per_s']:.2f}×", ha="center", fontsize=9)
+    ax.set_xticks(range(len(precs)), precs)
+    ax.set_ylabel("tokens/s (median step)")
+    note = " — contended: void for reporting" if result.get("contended") else ""
+    ax.set_title(f"{result['preset']}, batch {result['batch']}×{result['seq_len']}, one process each, alternating{note}",
+                 fontsize=8)
+    ax.legend(fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

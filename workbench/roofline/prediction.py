@@ -68,6 +68,19 @@ class Prediction:
                 f"ridge {self.ridge:.3g}")
 
 
+def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
+    flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
+    transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw)."""
+    rate = spec.transcendentals_per_s
+    peak = spec.peak_flops[peak_dtype]
+    t_trans = k.transcendentals / rate if rate else 0.0
+    if spec.matmul_curve and k.dot_flops:
+        return k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans, \
+            k.bytes / bw
+    return k.flops / peak + t_trans, k.bytes / bw
+
+
 def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh: bool | None = None,
             torus_axes: int = 1) -> Prediction:
     """Predict one execution of the program that `cost` describes on `spec`.
@@ -134,14 +147,8 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     ref = cost.hlo_flops if use_hlo else cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
         t_kernels = 0.0
-        curve = bool(spec.matmul_curve)
         for k in cost.kernels:
-            if curve and k.dot_flops:
-                kc = (k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak
-                      + (k.transcendentals / rate if rate else 0.0))
-            else:
-                kc = k.flops / peak + (k.transcendentals / rate if rate else 0.0)
-            km = k.bytes / bw
+            kc, km = kernel_roof(k, spec, pdt, bw)
             t_kernels += max(kc, km) * k.count
         t_kernels = t_kernels * mult + t_touch
     else:

@@ -1,0 +1,20 @@
+"""Calibration of narrow-float matmuls: each result form measured, the faster kept, the slower a finding."""
+import jax
+
+from workbench.measure.calibrate import MATMUL_FORMS, bf16_isa, matmul_ceilings
+
+
+def test_calibration_keeps_the_faster_form_and_names_the_slower():
+    """Every dtype measured in each of its result forms; the ceiling is the faster (by median), each slower form is a
+    finding naming both forms and the CPU's bf16 arithmetic; float32 has one form."""
+    mm, findings = matmul_ceilings(128, 3, jax.devices()[0], {"flags": ["avx2"]}, quiet=True)
+    assert set(mm) == set(MATMUL_FORMS)
+    assert list(mm["float32"]["forms"]) == ["float32"]
+    for dt, v in mm.items():
+        rates = {rt: f["flops_per_s"] for rt, f in v["forms"].items()}
+        assert v["result_dtype"] == max(rates, key=rates.get) and v["flops_per_s"] == max(rates.values())
+        for rt in rates:
+            if rt != v["result_dtype"]:
+                assert any(line.startswith(f"XLA:CPU {dt} matmul") and f"with a {rt} result" in line
+                           and "bf16 arithmetic: none" in line for line in findings), findings
+    assert bf16_isa(["avx512f", "avx512_bf16"]) == "avx512_bf16" and bf16_isa(["amx_bf16", "avx512_bf16"]) == "amx_bf16"
