@@ -8,8 +8,8 @@
 2. calibrates: a bfloat16 matmul large enough to fill an H200 (8192³), a float32 one, and a device-to-device copy
    (bytes read + written) — through the one harness, workbench.measure.harness;
 3. runs the built-in op suite, measured, and predicted against both the catalogue chip and the calibration;
-4. runs the sections other parts add (precision: bf16 vs fp8 matmul), each guarded so one failure does not lose
-   the rest;
+4. runs the sections other parts add (precision: bf16 vs fp8 matmul; tiling: sawtooth and Pallas blocks vs cuBLAS),
+   each guarded so one failure does not lose the rest;
 5. writes results.jsonl (records), summary.json and table.md under OUT_DIR; everything in under 8 minutes.
 Works on jax 0.10 and 0.11.
 """
@@ -41,7 +41,7 @@ GPU_SUITE = [
 TINY_SUITE = [("matmul", {"m": 128, "n": 128, "k": 128}, "float32"), ("elementwise", {"n": 1 << 16}, "float32"),
               ("softmax", {"rows": 64, "cols": 128}, "float32"),
               ("attention", {"batch": 1, "heads": 2, "seq": 64, "head_dim": 32}, "float32")]
-SECTIONS = ["benchmarks.gpu_precision"]  # modules with run(out_dir, spec, tiny) -> dict
+SECTIONS = ["benchmarks.gpu_precision", "benchmarks.gpu_tiling"]  # modules with run(out_dir, spec, tiny) -> dict
 
 
 def detect_chip(device_kind: str, platform: str):

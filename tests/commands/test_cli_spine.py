@@ -119,3 +119,6 @@ def test_gpu_check_script_tiny_on_cpu(env, tmp_path):
     assert summary["calibration"]["matmul_bfloat16"]["flops_per_s"] > 0
     assert all("failed" not in row for row in summary["ops"]), summary["ops"]
     assert (tmp_path / "table.md").exists() and (tmp_path / "results.jsonl").exists()
+    tiling = summary["sections"]["benchmarks.gpu_tiling"]
+    assert "failed" not in tiling, tiling
+    assert all(p["measured_s"] > 0 for p in tiling["sawtooth"]) and tiling["search"]["top"]

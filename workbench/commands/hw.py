@@ -6,6 +6,7 @@ import typer
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import default_platform
 from workbench.hardware.spec import catalogue
+from workbench.hardware.tiles import tile_model
 from workbench.measure.calibrate import get_spec
 from workbench.results.console import emit_json, print_table
 
@@ -46,6 +47,9 @@ def register(app: typer.Typer) -> None:
         default_platform()
         spec = get_spec(name)
         d = spec.to_dict()
+        tm = _tile_model(spec.name)
+        if tm is not None:
+            d["tiles"] = tm.to_record()
         if json_out:
             emit_json(d)
             return
@@ -74,6 +78,19 @@ def register(app: typer.Typer) -> None:
             print(f"  ridge {dt:15s} {spec.ridge(dt):10.1f} FLOP/byte")
         for n in spec.notes:
             print("  note:", n)
+        if tm is not None:
+            print(f"  tile model            {tm.matrix_units.value} x {'x'.join(map(str, tm.matrix_unit.value))} "
+                  f"{'MXU' if tm.kind == 'tpu' else 'MMA (m, n, k)'} per core, {tm.onchip_bytes.value / 2**20:.3g} MiB "
+                  f"{'VMEM' if tm.kind == 'tpu' else 'shared memory'} per core [{tm.onchip_bytes.source[:60]}...]"
+                  "  (`workbench tiling shape` uses it)")
+
+
+def _tile_model(name: str):
+    """The chip's tile model (workbench/hardware/tiles.py), or None (the host, or a chip without one)."""
+    try:
+        return tile_model(name)
+    except WorkbenchError:
+        return None
 
 
 def _row(spec) -> dict:
