@@ -5,7 +5,6 @@ import pytest
 from workbench.errors import WorkbenchError
 from workbench.hardware import tiles
 
-
 # ---------------------------------------------------------------------------------------------- tile model
 
 

@@ -122,7 +122,8 @@ ATTN_CASES = [
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape,blocks,causal", ATTN_CASES)
 def test_causal_attention_matches_float64_in_interpret_mode(shape, blocks, causal, dtype):
-    from models.kernels.attention import causal_attention, reference as attn_reference
+    from models.kernels.attention import causal_attention
+    from models.kernels.attention import reference as attn_reference
 
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype) for _ in range(3))

@@ -8,7 +8,6 @@ from partitioning import topology as topo
 from workbench.hardware import tiles
 from workbench.programs import tiling
 
-
 # ---------------------------------------------------------------------------------------------- shape
 
 
