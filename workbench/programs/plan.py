@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from models.presets import get_config
@@ -125,6 +126,33 @@ class Outcome:
     cached: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanResult(Mapping):
+    """A plan: the ranking and what was compiled, pruned or refused (`record`, the JSON body `plan --json` prints and
+    the store keeps; read it like a mapping: `r["winner"]`) and every candidate's Outcome."""
+
+    record: Mapping[str, Any]
+    outcomes: tuple[Outcome, ...]
+
+    def __getitem__(self, key: str):
+        return self.record[key]
+
+    def __iter__(self):
+        return iter(self.record)
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    @property
+    def winner(self) -> dict | None:
+        return self.record.get("winner")
+
+    def to_record(self) -> dict[str, Any]:
+        return dict(self.record)
+
+    to_dict = to_record
+
+
 def default_workers() -> int:
     """Compile threads: the cores this process may use, at most 4 (each compile holds its own memory)."""
     try:
@@ -142,8 +170,8 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
          max_candidates: int | None = 24, strategies: list[str] | None = None, policy: str = "bf16",
          overrides: str | None = None, workers: int | None = None, use_cache: bool = True, store: bool = True,
          exhaustive: bool = False, gpu_compiler: str = "auto",
-         on_progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time. JSON-ready summary.
+         on_progress: Callable[[int, int, str], None] | None = None) -> PlanResult:
+    """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time.
 
     Pruning (unless exhaustive): rematerialization and microbatching only save memory — they add recompute or
     serialize the step — so a strategy × mesh whose plain program fits is not compiled again with them; per-layer
@@ -207,7 +235,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
                                             "strategies": strategies, "policy": policy, "overrides": overrides,
                                             "exhaustive": exhaustive},
                                    extra=result))
-    return result
+    return PlanResult(result, tuple(outcomes))
 
 
 def _prune_reason(c: wp.PredictSpec, outcomes: list[Outcome]) -> str | None:
@@ -247,8 +275,8 @@ def _run(group: list[wp.PredictSpec], pool, workers: int, compiler: str, use_cac
         key = cache_key(lw) if (use_cache and compiler != "cpu-sim") else None
         hit = cache_get(key) if key else None
         if hit is not None:
-            outcomes[i] = _finish(spec, hit["body"], store, cost=hit.get("costs"),
-                                  prediction=hit.get("prediction"), cached=True)
+            outcomes[i] = _finish(spec, wp.TargetPrediction(hit["body"], hit.get("costs"), hit.get("prediction")),
+                                  store, cached=True)
             tick(label + " (cached)")
             continue
         pending[pool.submit(wp.compile_lowered, lw)] = (i, lw, key)
@@ -277,25 +305,20 @@ def _drain(pending, outcomes, store, tick, how):
                                                           f"{' '.join(str(e).split())[:300]}")
             tick(label + " (compile failed)")
             continue
-        cost, pred = body.get("_cost"), body.get("_prediction")
+        cost, pred = body.cost, body.prediction
         if key:
-            cache_put(key, {"body": wp.public(body), "costs": cost.to_dict() if cost is not None else None,
+            cache_put(key, {"body": body.to_record(), "costs": cost.to_dict() if cost is not None else None,
                             "prediction": pred.to_dict() if pred is not None else None})
         outcomes[i] = _finish(spec, body, store)
         tick(label)
 
 
-def _finish(spec, body: dict, store: bool, cost=None, prediction=None, cached: bool = False) -> Outcome:
-    pub = wp.public(body)
+def _finish(spec, tp: wp.TargetPrediction, store: bool, cached: bool = False) -> Outcome:
+    pub = tp.to_record()
     if cached:
         pub = dict(pub, cached=True)
     if store:
-        b = dict(body)
-        if cost is not None:
-            b["_cost"] = cost
-        if prediction is not None:
-            b["_prediction"] = prediction
-        wp.record(b, spec, kind="predict", extra={"planner": True, "cached": cached})
+        wp.record(tp, spec, kind="predict", extra={"planner": True, "cached": cached})
     status = "ranked" if pub.get("fits") and pub.get("predicted_step_s") else "does-not-fit"
     return Outcome(spec, status, pub, pub.get("reason"), cached)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from models import inference
@@ -41,7 +42,7 @@ from partitioning.shard import activation_sharding, spec_for, state_shardings
 from partitioning.strategy import get_strategy
 from workbench import compat
 from workbench.cost.compile import is_resource_exhausted
-from workbench.cost.report import costs_from_compiled
+from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import WorkbenchError
 from workbench.hardware import spec as hardware
 from workbench.hardware.spec import dtype_name
@@ -71,6 +72,42 @@ class PredictSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetPrediction(Mapping):
+    """One step compiled for a target and predicted, per device: the record's JSON body (`predict --json`, the
+    store's `extra`; read it like a mapping: `tp["fits"]`, `tp.get("reason")`) and the typed CostReport and
+    Prediction behind it (None when nothing compiled; plain dicts when they come from the planner's cache)."""
+
+    record: Mapping[str, Any]
+    cost: CostReport | dict | None = None
+    prediction: roofline.Prediction | dict | None = None
+
+    def __getitem__(self, key: str):
+        return self.record[key]
+
+    def __iter__(self):
+        return iter(self.record)
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.record.get("fits"))
+
+    @property
+    def predicted_step_s(self) -> float | None:
+        return self.record.get("predicted_step_s")
+
+    def with_fields(self, **fields) -> "TargetPrediction":
+        return dataclasses.replace(self, record={**self.record, **fields})
+
+    def to_record(self) -> dict[str, Any]:
+        return dict(self.record)
+
+    to_dict = to_record  # the store and emit_json serialise objects through to_dict()
 
 
 # --------------------------------------------------------------------------------------------------- defaults
@@ -345,7 +382,8 @@ def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
         f"forward_flops_per_token(context {seq}) {a['forward_flops_per_token']:.4g} × {batch} new tokens")
 
 
-def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, error: str | None = None) -> dict:
+def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
+                    error: str | None = None) -> TargetPrediction:
     """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
 
     target, spec = lw.target, lw.spec
@@ -382,7 +420,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                     f"(summed from their shard shapes) > {_gib(hw.hbm_bytes)} HBM of {hw.name}; not compiled "
                     "(--compile-anyway to ask the compiler)"))
         out["notes"] = notes
-        return out
+        return TargetPrediction(out)
     if error is not None:
         over = _overshoot_from_words(error)
         out.update(fits=False, compiled=False, memory_per_device_bytes=over[0] if over else None,
@@ -391,7 +429,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
                    predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
                    reason=f"the {target.kind.upper()} compiler ran out of memory: {error}")
         out["notes"] = notes
-        return out
+        return TargetPrediction(out)
 
     cost = costs_from_compiled(compiled, n_devices=n, mesh=lw.mesh, compute_dtype=compute_dtype)
     if cost.flops == 0 and cost.hlo_flops > 0:  # XLA:GPU compile-only programs return no cost_analysis
@@ -474,9 +512,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, 
         "xla_estimate_s": "the compiler's cost_analysis optimal_seconds (TPU), when positive",
     }
     out["notes"] = notes + list(pred.notes)
-    out["_cost"] = cost
-    out["_prediction"] = pred
-    return out
+    return TargetPrediction(out, cost, pred)
 
 
 def _compiler_version(compiler: str) -> str | None:
@@ -531,7 +567,7 @@ def _overshoot_from_words(words: str) -> tuple[float, float] | None:
 # ----------------------------------------------------------------------------------------------- entry points
 
 
-def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> dict:
+def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> TargetPrediction:
     """Lower, compile and predict one spec exactly as given (no automatic remat)."""
     lw = lower(spec, precheck=not compile_anyway)
     compiled, cs, err = (None, None, None)
@@ -540,8 +576,8 @@ def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> dict:
     return predict_lowered(lw, compiled, cs, err)
 
 
-def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> dict:
-    """Compile `spec` for its target and predict one step. Returns the JSON-ready record body (also stored).
+def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> TargetPrediction:
+    """Compile `spec` for its target and predict one step (also stored).
 
     remat='auto' (train): the preset's rematerialization first; when the compiler runs out of memory with none,
     per-layer rematerialization is compiled too and becomes the answer; the record keeps what the first try said.
@@ -553,27 +589,24 @@ def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = Fal
             and body.get("compile_s") is not None and body["remat"] != "per-layer"):
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
         second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
-        second["remat_auto"] = {"tried_first": body["remat"], **first,
-                                "chosen": "per-layer", "why": ("without rematerialization" if body["remat"] == "none" else
-                                                               f"with remat {body['remat']}") + " the program does not fit"}
+        second = second.with_fields(remat_auto={
+            "tried_first": body["remat"], **first, "chosen": "per-layer",
+            "why": ("without rematerialization" if body["remat"] == "none" else f"with remat {body['remat']}")
+            + " the program does not fit"})
         if store:
             record(second, dataclasses.replace(spec, remat="per-layer"), kind="predict")
         body = second
     elif spec.remat in ("auto", None):
-        body["remat_auto"] = {"chosen": body["remat"], "why": "the preset's setting" + (
+        body = body.with_fields(remat_auto={"chosen": body["remat"], "why": "the preset's setting" + (
             "" if body["fits"] or body["remat"] == "per-layer" else "; per-layer remat cannot help: the state alone "
-            "does not fit")}
-    return public(body)
+            "does not fit")})
+    return body
 
 
-def public(body: dict) -> dict:
-    return {k: v for k, v in body.items() if not k.startswith("_")}
-
-
-def record(body: dict, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
+def record(tp: TargetPrediction, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
     """Append the prediction to the results store (spec + CostReport + Prediction + the fit/floor/MFU fields)."""
 
     s = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
-    rec = make_record(kind, s, cost=body.get("_cost"), prediction=body.get("_prediction"), measurement=None,
-                      extra={**public(body), **(extra or {})})
+    rec = make_record(kind, s, cost=tp.cost, prediction=tp.prediction, measurement=None,
+                      extra={**tp.to_record(), **(extra or {})})
     return Store().append(rec)
