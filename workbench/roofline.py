@@ -54,6 +54,10 @@ class Prediction:
     n_devices: int
     comm_by_kind_s: dict[str, float] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the memory bandwidth band the spec was calibrated with (host: lowest and highest stream sample) and the
+    # predicted_s at each end of it (low bandwidth -> the slower prediction); None where the spec has no band
+    memory_bw_band: tuple[float, float] | None = None
+    predicted_s_band: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,6 +70,44 @@ class Prediction:
         ratio = f"{tb / ts:.1f}× the {s} term" if ts > 0 else "the only non-zero term"
         return (f"{b}-bound on {self.target}: {b} {tb:.3g}s is {ratio}; intensity {self.intensity:.3g} FLOP/B vs "
                 f"ridge {self.ridge:.3g}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTime:
+    """One kernel's predicted time at its own roof (per execution, one device)."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    roof: str  # 'compute' | 'memory'
+
+
+def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None) -> KernelTime:
+    """max(kernel compute, kernel memory) of one KernelCost (workbench.hlo) on `spec`, per execution.
+
+    compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
+    has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
+    memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
+    pdt = spec.peak_dtype(dtype)
+    peak = spec.peak_flops[pdt]
+    rate = spec.transcendentals_per_s
+    t_tr = k.transcendentals / rate if rate else 0.0
+    if spec.matmul_curve and k.dot_flops:
+        kc = k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak + t_tr
+    else:
+        kc = k.flops / peak + t_tr
+    km = k.bytes / (memory_bw or spec.hbm_bw)
+    return KernelTime(max(kc, km), kc, km, "compute" if kc >= km else "memory")
+
+
+def memory_bw(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool) -> tuple[float, str | None]:
+    """(bytes/s, note): the in-cache bandwidth when the program's whole working set (all devices' on a simulated
+    mesh) fits in half the last-level cache, else the memory bandwidth."""
+    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
+    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
+        return spec.onchip_bw, (f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} "
+                                "MiB last-level cache: memory priced at the measured in-cache bandwidth")
+    return spec.hbm_bw, None
 
 
 def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh: bool | None = None,
@@ -83,12 +125,9 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     if pdt != d:
         notes.append(f"{spec.name} has no {d} units in the catalogue: priced at its {pdt} peak")
     peak = spec.peak_flops[pdt]
-    bw = spec.hbm_bw
-    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
-    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
-        bw = spec.onchip_bw
-        notes.append(f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} MiB "
-                     "last-level cache: memory priced at the measured in-cache bandwidth")
+    bw, bw_note = memory_bw(cost, spec, simulated_mesh)
+    if bw_note:
+        notes.append(bw_note)
     mult = cost.n_devices if simulated_mesh else 1
     scope = "whole_mesh_on_host" if simulated_mesh else "per_device"
     if simulated_mesh:
@@ -133,16 +172,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     kflops = sum(k.flops * k.count for k in cost.kernels)
     ref = cost.hlo_flops if use_hlo else cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
-        t_kernels = 0.0
-        curve = bool(spec.matmul_curve)
-        for k in cost.kernels:
-            if curve and k.dot_flops:
-                kc = (k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak
-                      + (k.transcendentals / rate if rate else 0.0))
-            else:
-                kc = k.flops / peak + (k.transcendentals / rate if rate else 0.0)
-            km = k.bytes / bw
-            t_kernels += max(kc, km) * k.count
+        t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw).seconds * k.count for k in cost.kernels)
         t_kernels = t_kernels * mult + t_touch
     else:
         t_kernels = max(t_compute, t_mem)
@@ -155,9 +185,17 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     intensity = flops / nbytes if nbytes else math.inf
     terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm}
     bound = max(terms, key=terms.get)
+    band = pred_band = None
+    if spec.hbm_bw_range and bw == spec.hbm_bw:
+        lo, hi = spec.hbm_bw_range
+        band = (lo, hi)
+        ends = [predict(cost, dataclasses.replace(spec, hbm_bw=b, hbm_bw_range=None), dtype=dtype,
+                        simulated_mesh=simulated_mesh, torus_axes=torus_axes).predicted_s for b in (hi, lo)]
+        pred_band = (min(ends), max(ends))
     return Prediction(
         target=spec.name, scope=scope, dtype=d, peak_dtype=pdt, peak_flops=peak, memory_bw=bw, flops=flops,
         bytes=nbytes, transcendentals=trans, compute_s=t_compute, transcendental_s=t_trans, memory_s=t_mem,
         comm_s=t_comm, kernel_s=t_kernels, predicted_s=max(t_kernels, t_comm),
         predicted_serial_s=t_kernels + t_comm, intensity=intensity, ridge=peak / bw, bound=bound,
-        n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind, notes=tuple(dict.fromkeys(notes)))
+        n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind, notes=tuple(dict.fromkeys(notes)),
+        memory_bw_band=band, predicted_s_band=pred_band)

@@ -273,7 +273,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
-                profile_steps: int = 0) -> dict:
+                profile_steps: int = 0, explain: bool = False) -> dict:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -392,6 +392,18 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
 
         prediction = predict(cost, spec, dtype=price_dtype)
     step_s = measurement.median_s if measurement else None
+    explained = None
+    if explain and spec is not None and step_s:  # after the timed steps: the traced ones are in neither
+        from workbench.explain import explain_step
+
+        def explained_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        explained = explain_step(explained_step, comp.hlo_text, cost, spec, dtype=price_dtype, mesh=mesh,
+                                 step_s=step_s, model_flops=model_flops_step, ceiling_flops=ceiling,
+                                 model_flops_causal=an["train_flops_per_token_causal"] * tokens)
     tokens_per_s = tokens / step_s if step_s else None
     mfu = model_flops_step / step_s / ceiling if (step_s and ceiling) else None
     last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
@@ -417,5 +429,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         "cost": cost.to_dict(), "prediction": prediction.to_dict() if prediction else None,
         "measurement": measurement.to_dict() if measurement else None,
         "hardware": spec.name if spec else None, "kernel_profile": kernel_profile,
+        "mfu_causal": (an["train_flops_per_token_causal"] * tokens / step_s / ceiling) if (step_s and ceiling) else None,
+        "waterfall": explained[0].to_record() if explained else None,
+        "kernel_classes": explained[1].to_record(top=15) if explained else None,
     }
 

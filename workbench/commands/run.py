@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         full: bool = typer.Option(False, "--full", help="with --json: print the whole record, not the summary"),
         profile: bool = typer.Option(False, "--profile", help="trace 2 more steps with jax.profiler: measured time per "
                                      "kernel class and the longest kernels, joined with their HLO costs"),
+        explain: bool = typer.Option(False, "--explain", help="trace 2 more steps and explain the step from ideal "
+                                     "to measured: JSON key `waterfall` (terms predicted and measured), "
+                                     "reports/run-<record>/waterfall.png, MFU in both attention conventions"),
     ):
         """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
         from workbench.devices import request_devices
@@ -56,7 +59,7 @@ def register(app: typer.Typer) -> None:
         m = make_mesh(mesh or f"data={n}")
         r = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                         seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
-                        progress=True, profile_steps=2 if profile else 0)
+                        progress=True, profile_steps=2 if profile else 0, explain=explain)
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed}
@@ -73,6 +76,10 @@ def register(app: typer.Typer) -> None:
             summary["kernel_profile"] = {k: r["kernel_profile"][k] for k in ("kernel_ms", "classes", "matmul_rate")}
             fl = r["kernel_profile"]["dot_floor"]
             summary["dot_floor"] = {k: fl[k] for k in ("dot_s", "step_floor_s", "mfu_bound", "gflop", "rate")}
+        if explain and r.get("waterfall"):
+            from workbench.commands.explain_view import attach_waterfall
+
+            attach_waterfall(summary, r, rec["id"], print_it=not json_out)
         if json_out:
             emit_json(rec if full else summary)
             return
