@@ -23,14 +23,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import sys
 from typing import Any
 
 from workbench.errors import WorkbenchError
 
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 9
 
 
 def cache_dir() -> str:
@@ -315,6 +314,11 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     c = jax.jit(lambda v: v + 1.0).lower(one).compile()
     m = measure(c, one, warmup=3, repeats=reps)
     out["call_overhead_s"] = m.median_s
+    _say("calibrate: per-kernel launch cost (chains of tiny dependent kernels)", quiet)
+    out["kernel_launch"] = measure_kernel_launch(dev, reps)
+    if not quick:
+        _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
+        out["rendezvous"] = measure_rendezvous(8, reps)
     stream_samples.append(_stream_sample(sf, nel, dev, reps, quiet, "end")[0])
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
@@ -397,6 +401,8 @@ def spec_from_calibration(cal: dict):
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
         hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
+        kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
+        collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
@@ -412,3 +418,87 @@ def spec_from_calibration(cal: dict):
 
 def host_spec(run_if_missing: bool = True):
     return spec_from_calibration(load_or_calibrate(run_if_missing=run_if_missing))
+
+
+def measure_kernel_launch(dev, reps: int = 9) -> dict:
+    """Fixed cost of one more kernel inside a program: two chains of dependent 8×8 matmuls (XLA fuses no dot into
+    another, so each is its own kernel; their arithmetic is ~1 kFLOP), timed whole; the slope between the chain
+    lengths is the per-kernel cost of the thunk executor (dispatch, argument lookup, completion), apart from the
+    per-call overhead of a program."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.measure import measure
+
+    def chain(k):
+        def f(x, w):
+            for _ in range(k):
+                x = jnp.tanh(x @ w)  # tanh fuses into the dot's consumer, not into the next dot
+            return x
+        return f
+
+    x = jax.device_put(jnp.full((8, 8), 0.5, jnp.float32), dev)
+    w = jax.device_put(jnp.eye(8, dtype=jnp.float32) * 0.9, dev)
+    out = {}
+    for k in (8, 72):
+        c = jax.jit(chain(k)).lower(x, w).compile()
+        out[k] = measure(c, x, w, warmup=3, repeats=reps).median_s
+    kernels = _count_kernels(jax.jit(chain(72)).lower(x, w).compile().as_text()) - _count_kernels(
+        jax.jit(chain(8)).lower(x, w).compile().as_text())
+    per = max(out[72] - out[8], 0.0) / max(kernels, 1)
+    return {"per_kernel_s": per, "chain_s": {str(k): v for k, v in out.items()}, "kernels_apart": kernels,
+            "how": "two chains of dependent 8x8 matmul+tanh kernels (8 and 72 links): (t72 - t8) / kernels apart"}
+
+
+def _count_kernels(hlo_text: str) -> int:
+    from workbench.hlo import parse_kernels
+
+    return sum(k.count for k in parse_kernels(hlo_text))
+
+
+RENDEZVOUS_SCRIPT = r"""
+import json, os, sys, time
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+n = int(sys.argv[1]); k = int(sys.argv[2])
+mesh = Mesh(jax.devices()[:n], ("d",))
+def chain(x):
+    for _ in range(k):
+        x = jax.lax.psum(x, "d") * 0.5
+    return x
+f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P("d")))
+c = f.lower(x).compile()
+for _ in range(3): jax.block_until_ready(c(x))
+ts = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts.append(time.perf_counter() - t0)
+ts.sort()
+print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
+"""
+
+
+def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
+    """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
+    is fixed when JAX starts): chains of 4 and 36 dependent all-reduces of one float per device; the slope is the
+    wall time of one rendezvous (every device's thread must arrive; on a few cores that means scheduling them all).
+    None when the subprocess fails."""
+    import subprocess
+
+    res = {}
+    for k in (4, 36):
+        try:
+            p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), str(k), str(reps)],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            res[k] = json.loads(p.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+    apart = res[36]["collectives"] - res[4]["collectives"]
+    wall = max(res[36]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
+    return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
+            "chain_s": {str(k): v["median_s"] for k, v in res.items()}, "collectives_apart": apart,
+            "how": f"chains of 4 and 36 dependent psums of one float on {n_devices} simulated devices, each in a "
+                   "fresh process: slope of the wall time per collective"}

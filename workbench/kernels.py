@@ -36,10 +36,9 @@ import time
 from typing import Any, Callable
 
 from partitioning.collectives import collective_time
-from workbench.hardware import HardwareSpec, Interconnect
-from workbench.hlo import (COLLECTIVE_KINDS, ELEMENTWISE_FLOP_OPS, Instr, Module, parse_collectives, parse_kernels,
-                           parse_module)
-from workbench.roofline import kernel_time
+from workbench.hardware import HardwareSpec
+from workbench.hlo import COLLECTIVE_KINDS, ELEMENTWISE_FLOP_OPS, Instr, Module, parse_collectives, parse_kernels, parse_module
+from workbench.roofline import host_interconnect, kernel_time
 
 KERNEL_CLASSES = ("dot", "dot-fusion", "elementwise/reduce", "copy/transpose", "collective", "loop-control")
 CONTROL_OPS = ("while", "call", "conditional")
@@ -304,7 +303,7 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
         simulated_mesh = spec.kind == "cpu" and n_devices > 1
     mult = n_devices if simulated_mesh else 1
     bw = memory_bw or spec.hbm_bw
-    ic = Interconnect("host-memory", bw, 1) if simulated_mesh else spec.interconnect
+    ic = host_interconnect(spec, bw) if simulated_mesh else spec.interconnect
     colls = {c.name: c for c in parse_collectives(hlo_text, mesh=mesh, n_devices=n_devices, mod=mod)}
 
     shares: dict[str, float] = collections.Counter()
