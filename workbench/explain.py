@@ -95,6 +95,9 @@ def waterfall(table: KernelTable, *, step_s: float, model_flops: float, model_fl
     terms.append(WaterfallTerm(TERMS[6], 0.0, step_s - accounted))
     notes = [f"measured terms from {table.steps} traced steps (median {table.wall_s:.4g}s) against the timed step "
              f"{step_s:.4g}s; the remainder is their difference"]
+    if dots_m < ideal + extra:
+        notes.append("the dot kernels measured faster than their flops at the ceiling: a dot that runs "
+                     "asynchronously shows only its dispatch in the trace, or the calibrated ceiling is low")
     if hlo_dot_flops == 0:
         notes.append("no dot flops read from the HLO: the extra-flops term is the negative of the model term")
     pred = sum(t.predicted_s for t in terms)

@@ -123,16 +123,19 @@ def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
 
     fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
     cum = {"predicted_s": 0.0, "measured_s": 0.0}
+    top = 0.0
     for i, t in enumerate(terms):
         for key, dx, style in (("predicted_s", -0.2, dict(fill=False, edgecolor="C0", hatch="//")),
                                ("measured_s", 0.2, dict(color="C1"))):
             v = t[key] or 0.0
             ax.bar(i + dx, v, bottom=cum[key], width=0.38, **style)
+            top = max(top, cum[key], cum[key] + v)
             cum[key] += v
     n = len(terms)
     ax.bar(n - 0.2, cum["predicted_s"], width=0.38, fill=False, edgecolor="C0", hatch="//", label="predicted")
     ax.bar(n + 0.2, cum["measured_s"], width=0.38, color="C1", label="measured")
     ax.set_xticks(range(n + 1), [t["name"] for t in terms] + ["step"], rotation=25, ha="right", fontsize=8)
+    ax.set_ylim(min(0.0, *cum.values()), top * 1.06 or 1.0)
     ax.set_ylabel("seconds per step (cumulative)")
     ax.axhline(0, color="k", lw=0.5)
     ax.legend()
