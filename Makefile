@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench paper clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+paper: $(STAMP)
+	$(VENV)/bin/workbench paper build
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.prediction_error

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""GPU host check: run as it is on a GPU host (installs nothing), from the source tree.
+"""GPU host check: run as it is on a GPU host (installs nothing), from the source tree's root (`-m` puts it on the path).
 
-    python benchmarks/gpu_check.py [OUT_DIR]        # OUT_DIR defaults to $OUT, then ./gpu-check-out
-    python benchmarks/gpu_check.py --tiny OUT_DIR   # a CPU smoke run with tiny sizes (the test suite uses it)
+    python -m benchmarks.gpu_check [OUT_DIR]        # OUT_DIR defaults to $OUT, then ./gpu-check-out
+    python -m benchmarks.gpu_check --tiny OUT_DIR   # a CPU smoke run with tiny sizes (the test suite uses it)
 
 1. detects the backend and the chip (device_kind → catalogue entry);
 2. calibrates: a bfloat16 matmul large enough to fill an H200 (8192³), a float32 one, and a device-to-device copy
-   (bytes read + written) — through the one harness, workbench.measure;
+   (bytes read + written) — through the one harness, workbench.measure.harness;
 3. runs the built-in op suite, measured, and predicted against both the catalogue chip and the calibration;
 4. runs the sections other parts add (precision: bf16 vs fp8 matmul), each guarded so one failure does not lose
    the rest;
@@ -22,8 +22,12 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+from workbench.hardware.devices import default_platform
+from workbench.hardware.spec import catalogue
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import measure, measure_steps, random_inputs
+from workbench.programs.demo import run_suite
+from workbench.results.store import Store
 
 GPU_SUITE = [
     ("matmul", {"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),
@@ -41,7 +45,6 @@ SECTIONS = ["benchmarks.gpu_precision"]  # modules with run(out_dir, spec, tiny)
 
 
 def detect_chip(device_kind: str, platform: str):
-    from workbench.hardware import catalogue, get_spec
 
     kind = device_kind.lower().replace(" ", "").replace("-", "")
     if platform == "cpu":
@@ -59,7 +62,6 @@ def calibrate_device(dev, tiny: bool) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from workbench.measure import measure, measure_steps, random_inputs
 
     out = {}
     n = 256 if tiny else 8192
@@ -95,8 +97,6 @@ def main(argv=None) -> int:
     t_start = time.time()
     import jax
 
-    from workbench.demo import run_suite
-    from workbench.devices import default_platform
 
     if tiny:
         default_platform()
@@ -172,7 +172,6 @@ def main(argv=None) -> int:
 
 
 def _last_record() -> dict:
-    from workbench.results import Store
 
     return Store().records()[-1]
 

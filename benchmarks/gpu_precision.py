@@ -1,5 +1,5 @@
 """GPU device-check section (benchmarks/gpu_check.py imports it): a bf16 and an fp8 matmul at a size that fills an
-H200 (8192^3), timed with workbench.measure and set against the catalogue's peaks.
+H200 (8192^3), timed with workbench.measure.harness and set against the catalogue's peaks.
 
     run(out_dir, spec, tiny) -> dict          # spec: the catalogue chip; tiny: 256^3 (a CPU smoke run, from a test)
 
@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import get_policy
+from models.quant import E4M3, amax, compute_scale, quantize
+from workbench.measure.harness import measure
+from workbench.results import store as results
 
 
 def _fp8_gemm_in(hlo: str) -> bool:
@@ -34,10 +35,6 @@ def run(out_dir: str | None = None, spec=None, tiny: bool = False, repeats: int 
     import jax.numpy as jnp
     import numpy as np
 
-    from models.precision import get_policy
-    from models.quant import E4M3, amax, compute_scale, quantize
-    from workbench import results
-    from workbench.measure import measure
 
     n = 256 if tiny else 8192
     repeats = repeats or (3 if tiny else 20)
@@ -117,11 +114,11 @@ def run(out_dir: str | None = None, spec=None, tiny: bool = False, repeats: int 
 if __name__ == "__main__":
     import json
 
-    from workbench.devices import default_platform
+    from workbench.hardware.devices import default_platform
 
     tiny = "--tiny" in sys.argv
     if tiny:
         default_platform()
-    from workbench.hardware import get_spec
+    from workbench.measure.calibrate import get_spec
 
     print(json.dumps(run(spec=get_spec("h200"), tiny=tiny), indent=1, default=str))

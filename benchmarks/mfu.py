@@ -6,16 +6,16 @@
     python -m benchmarks.mfu --tiny               # a quick check that the script works (tiny preset, 4 steps)
 
 Each device count runs in its own process (the simulated device count is fixed when JAX starts). Every case trains
-through workbench.train.train_model — the CostReport, prediction and step times come from the spine — and appends a
+through workbench.programs.train.train_model — the CostReport, prediction and step times come from the spine — and appends a
 record of kind 'mfu' to the results store. MFU = model flops per step (6N + 12·L·n_heads·head_dim·seq per token, the
-PaLM convention) / median step time / the calibrated host ceiling (workbench.hardware.get_spec('host'), the XLA
+PaLM convention) / median step time / the calibrated host ceiling (workbench.hardware.spec.get_spec('host'), the XLA
 float32 matmul rate): simulated devices share the host, so an 8-device mesh is compared with the same ceiling.
 
 Targets (the issue): 1 device >= 80% of the calibrated XLA matmul ceiling; the best 8-device strategy >= 65%.
 The summary lists, per case, the floor its dots set (each dot of the compiled step timed alone, without layout copies
-or any other kernel: workbench.measure.dot_floor) and the MFU bound that floor implies, then where the step's time
+or any other kernel: workbench.measure.harness.dot_floor) and the MFU bound that floor implies, then where the step's time
 goes as measured: two extra steps traced with jax.profiler, each
-kernel joined with its flops and bytes from the compiled HLO (workbench.measure.profile_kernels), summed by class
+kernel joined with its flops and bytes from the compiled HLO (workbench.measure.harness.profile_kernels), summed by class
 (matmul, copy/transpose, dynamic-(update-)slice, broadcast, elementwise/reduce) with the six longest kernels.
 """
 from __future__ import annotations
@@ -26,10 +26,15 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import request_devices
+from workbench.programs.train import train_model
+from workbench.results.figures import mfu_chart
+from workbench.results.store import Store, make_record
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {1: [("dp", "data=1")],
          8: [("dp", "data=8"), ("fsdp", "data=8"), ("tp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4"),
              ("tp", "model=8")]}
@@ -42,14 +47,8 @@ def steps_for(batch: int, steps: int) -> int:
 
 def worker(devices: int, preset: str, steps: int, batches: list[int], precision: str | None, cases=None,
            overrides: str | None = None) -> list[dict]:
-    from workbench.devices import request_devices
-    from workbench.errors import WorkbenchError
 
     request_devices(devices)
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.results import Store, make_record
-    from workbench.train import train_model
 
     store = Store()
     rows = []
@@ -59,7 +58,7 @@ def worker(devices: int, preset: str, steps: int, batches: list[int], precision:
         try:
             r = train_model(get_config(preset, overrides), strategy=strategy, mesh=make_mesh(mesh_spec), steps=n_steps,
                             batch_size=batch, precision=precision, progress=True, eval_every=n_steps, eval_batches=1,
-                            profile_steps=2)
+                            profile_steps=2).to_record()
         except WorkbenchError as e:  # e.g. tiny's 4 heads on a model=8 axis
             print(f"skipped {strategy} on {mesh_spec}: {e}", file=sys.stderr)
             continue
@@ -132,7 +131,6 @@ def main(argv=None):
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=2)
     if rows:
-        from workbench.report import mfu_chart
 
         png = mfu_chart(rows, os.path.splitext(a.out)[0] + ".png", targets={1: 0.80, 8: 0.65},
                         title=f"{a.preset}: MFU on this host (dashed: the issue's targets)")
@@ -144,7 +142,7 @@ def main(argv=None):
         bound = f"{r['mfu_bound']:.1%}" if r.get("mfu_bound") is not None else "—"
         print(f"{r['devices']:>7} {r['strategy']:>8} {r['mesh']:>15} {r['batch']:>5} {r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} "
               f"{mfu:>6} {r['replication']:>5.2f} {r['dot_floor_s']:>7.3f} {bound:>6}")
-    print("dots_s: the step's dots timed alone (workbench.measure.dot_floor; simulated devices' dots add up on the "
+    print("dots_s: the step's dots timed alone (workbench.measure.harness.dot_floor; simulated devices' dots add up on the "
           "shared host); bound: the MFU of a step that took only that long")
     for r in rows:
         kp = r["kernel_profile"]
@@ -176,7 +174,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

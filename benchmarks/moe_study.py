@@ -1,11 +1,11 @@
 """MoE study: router × capacity factor × experts × top-k × expert-parallel degree on a simulated 8-device mesh.
 
 For each case (a tiny GPT-style model, `tiny` preset shapes, every MLP an MoE layer):
-  - train it for --steps steps on the stdlib corpus (workbench.train.train_model): validation loss, step time on this
-    host (median/IQR from workbench.measure; only meaningful on a quiet machine), per-step routing metrics (dropped
+  - train it for --steps steps on the stdlib corpus (workbench.programs.train.train_model): validation loss, step time on this
+    host (median/IQR from workbench.measure.harness; only meaningful on a quiet machine), per-step routing metrics (dropped
     fraction, load max/mean, router entropy, lb/z losses, averaged over layers, last step), all-to-all bytes per
     device from the compiled step's CostReport;
-  - predict the same training step on a TPU slice (compiled by libtpu for the topology, `workbench.predict`) and a
+  - predict the same training step on a TPU slice (compiled by libtpu for the topology, `workbench.programs.predict`) and a
     GPU node (XLA:CPU-compiled costs priced with the GPU's catalogue spec): predicted step time, per device;
   - compile one MoE layer forward (`workbench moe layer` machinery) to split its per-device flops into routing +
     dispatch + combine against expert compute;
@@ -29,6 +29,15 @@ import math
 import os
 import sys
 import time
+
+from models.analytics import analytics
+from models.presets import get_config
+from partitioning.mesh import make_mesh
+from workbench.hardware.devices import request_devices
+from workbench.programs.moe import layer_costs
+from workbench.programs.predict import PredictSpec, predict_once
+from workbench.programs.train import train_model
+from workbench.results.store import Store, make_record
 
 EXPERT_DFF = 128  # hidden size of each expert; the dense baseline uses top_k × this
 BASE = dict(router="token-choice", score="softmax", experts=8, top_k=2, capacity_factor=1.25, ep=8)
@@ -106,9 +115,6 @@ def quick_cases() -> list[Case]:
 
 # ------------------------------------------------------------------------------------------------- one case
 def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, layer: bool, seed: int) -> dict:
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.train import train_model
 
     cfg = get_config("tiny", case.overrides())
     mesh = make_mesh(case.mesh)
@@ -117,10 +123,9 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
     if case.dense:  # no routing: blank the MoE fields rather than show the defaults
         row.update(router="dense", score=None, experts=0, capacity_factor=None, ep=None, d_ff=case.top_k * EXPERT_DFF)
     tr = train_model(cfg, strategy=case.strategy, mesh=mesh, steps=steps, batch_size=batch, seq_len=seq, seed=seed,
-                     progress=False, hardware="auto", analytic=False)
+                     progress=False, hardware="auto", analytic=False).to_record()
     fm = tr["final_metrics"]
     a2a = tr["collectives_by_kind"].get("all-to-all", {})
-    from models.analytics import analytics
 
     an = analytics(cfg, seq)
     row.update(
@@ -135,7 +140,6 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
     )
     row["_train"] = tr
     if predict:
-        from workbench.predict import PredictSpec, predict_once
 
         for key, target in TARGETS.items():
             spec = PredictSpec(preset="tiny", target=target, strategy=case.strategy, mesh=case.mesh, batch=batch,
@@ -153,7 +157,6 @@ def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, lay
                                                     if k.startswith("all-to-all"))
             row[f"{key}_flops_per_device"] = b.get("flops_per_device")
     if layer and not case.dense:
-        from workbench.commands.moe import layer_costs
 
         lc, _ = layer_costs(tokens=batch * seq, seq=seq, d_model=cfg.d_model, d_ff=EXPERT_DFF, experts=case.experts,
                             top_k=case.top_k, capacity_factor=case.capacity_factor, router=case.router,
@@ -192,7 +195,7 @@ def write_table(rows: list[dict], out: str) -> tuple[str, str]:
         for r in rows:
             f.write("| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |\n")
         f.write("\nPer device: a2a bytes (training step), layer flops (one MoE layer forward). step_s: this host, "
-                "8 simulated devices (valid only from a quiet machine). Predicted: workbench.predict on "
+                "8 simulated devices (valid only from a quiet machine). Predicted: workbench.programs.predict on "
                 f"{TARGETS['tpu']} (libtpu) and {TARGETS['gpu']} (XLA:CPU costs, GPU spec).\n")
     return csv, md
 
@@ -263,7 +266,6 @@ def write_figure(rows: list[dict], out: str) -> str:
 
 
 def _store():
-    from workbench.results import Store
 
     return Store()
 
@@ -291,7 +293,6 @@ def main(argv=None) -> int:
     ap.add_argument("--replot", action="store_true", help="table and figure from stored records only")
     a = ap.parse_args(argv)
 
-    from workbench.devices import request_devices
 
     request_devices(8)
     os.makedirs(a.out, exist_ok=True)
@@ -304,7 +305,6 @@ def main(argv=None) -> int:
         if a.only:
             keep = set(a.only.split(","))
             cases = [c for c in cases if c.name in keep]
-        from workbench.results import make_record
 
         rows = []
         for i, c in enumerate(cases):
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

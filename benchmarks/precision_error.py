@@ -12,20 +12,18 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import available
+from models.quant import POLICY_ORDER
+from workbench.hardware.devices import default_platform
+from workbench.programs.precision import matmul_error
+from workbench.results import store as results
+from workbench.results.console import progress
 
 FULL = {"shapes": [(256, 1024, 256), (512, 4096, 512)], "outlier_scales": [10.0, 100.0, 1e3, 1e4], "steps": 4}
 TINY = {"shapes": [(32, 64, 32)], "outlier_scales": [100.0], "steps": 2}
 
 
 def run(tiny: bool = False, out_dir: str = "reports/precision", seed: int = 0, record: bool = True) -> list[dict]:
-    from models.precision import available
-    from models.quant import POLICY_ORDER
-    from workbench import results
-    from workbench.commands._common import progress
-    from workbench.commands.precision import matmul_error
 
     cfg = TINY if tiny else FULL
     policies = [p for p in POLICY_ORDER if p in available()]
@@ -101,7 +99,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="reports/precision")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    from workbench.devices import default_platform
 
     default_platform()
     rows = run(a.tiny, a.out, a.seed)
@@ -113,7 +110,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

@@ -8,14 +8,14 @@ Two parts, both recorded (kind 'precision_roofline') and drawn:
    model sends through its precision policy, found by tracing the model abstractly (no compile, so large presets
    are cheap) - become an analytic CostReport: per GEMM the forward, dgrad and wgrad products, each reading its two
    operands at the policy's storage width (fp8: 1 byte; MX: element bits + 8 bits per 32-element block) and writing
-   its output (the compute dtype; weight gradients float32). workbench.roofline.predict prices every GEMM at the
+   its output (the compute dtype; weight gradients float32). workbench.roofline.prediction.predict prices every GEMM at the
    chip's peak for the policy's matmul dtype (fp8 where the chip has fp8 units; the catalogue's fallback otherwise -
    the prediction's notes say so) and its memory bandwidth. What this leaves out: the non-GEMM work (norms, softmax,
    the optimizer), the cost of computing scales and casting, and MX's per-block scaling on chips without MX units
    (H100/H200 run MXFP8 as fp8 with software block scales: priced at the fp8 peak, an optimistic bound).
-2. This host: the real training step of `tiny`/`small` per policy, compiled (workbench.compile.compile_program:
+2. This host: the real training step of `tiny`/`small` per policy, compiled (workbench.cost.compile.compile_program:
    the CostReport of the program XLA:CPU runs), predicted against the calibrated host, and measured with
-   workbench.measure. XLA:CPU has no bf16/fp16/fp8/MX units: these programs are emulations (float32 arithmetic plus
+   workbench.measure.harness. XLA:CPU has no bf16/fp16/fp8/MX units: these programs are emulations (float32 arithmetic plus
    casts and clamps), so the measured time is the cost of the emulation, never a speedup.
 """
 from __future__ import annotations
@@ -25,9 +25,22 @@ import dataclasses
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import PrecisionPolicy, available, get_policy
+from models.presets import get_config
+from models.quant import POLICY_ORDER, Fp8Policy, MxPolicy, get_format, matmul_format
+from models.transformer import Transformer
+from partitioning.mesh import make_mesh
+from workbench.cost.compile import compile_program
+from workbench.cost.hlo import KernelCost
+from workbench.cost.report import CostReport
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import measure_steps
+from workbench.programs.data import Batches, shard_batch
+from workbench.programs.train import abstract_with, build_train_step
+from workbench.results import store as results
+from workbench.roofline.prediction import predict
 
 TARGETS = ["h100-sxm", "h200", "b200", "tpu-v5e", "tpu-v6e"]
 BATCH = {"tiny": (8, None), "small": (8, None), "gpt2-small": (8, 1024), "llama3-8b": (1, 4096)}  # (batch, seq)
@@ -51,8 +64,6 @@ def gemm_inventory(cfg, batch: int, seq: int) -> list[Gemm]:
     import numpy as np
     from flax import nnx
 
-    from models.precision import PrecisionPolicy
-    from models.transformer import Transformer
 
     seen: list[Gemm] = []
 
@@ -82,7 +93,6 @@ def policy_widths(policy) -> dict:
     operands, and outputs; plus the dtype whose peak prices the GEMMs."""
     import numpy as np
 
-    from models.quant import Fp8Policy, MxPolicy, get_format, matmul_format
 
     f = matmul_format(policy)
     out_b = np.dtype(policy.compute_dtype).itemsize
@@ -104,8 +114,6 @@ def gemm_cost(gemms: list[Gemm], policy, peak_dtype: str):
     whole step on one chip."""
     import numpy as np
 
-    from workbench.costs import CostReport
-    from workbench.hlo import KernelCost
 
     w = policy_widths(policy)
     kernels = []
@@ -143,13 +151,6 @@ def target_dtype(spec, policy_peak_dtype: str) -> tuple[str, str | None]:
 # ------------------------------------------------------------------------------------------------ the study
 def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host_presets=("tiny", "small"),
         policies=None, host_steps: int = 10, out_dir: str = "reports/precision", record: bool = True) -> list[dict]:
-    from models.precision import available, get_policy
-    from models.presets import get_config
-    from models.quant import POLICY_ORDER, matmul_format
-    from workbench import results
-    from workbench.errors import WorkbenchError
-    from workbench.hardware import get_spec
-    from workbench.roofline import predict
 
     targets = targets or TARGETS
     policies = policies or [p for p in POLICY_ORDER if p in available()]
@@ -204,19 +205,12 @@ def host_part(cfg, preset, policies, host, batch, steps, store) -> list[dict]:
     """Compile, predict (calibrated host) and measure the real training step of `cfg` per policy on one CPU device."""
     import jax
 
-    from partitioning.mesh import make_mesh
-    from workbench import results
-    from workbench.compile import compile_program
-    from workbench.data import Batches, shard_batch
-    from workbench.measure import measure_steps
-    from workbench.roofline import predict
-    from workbench.train import _abstract_with, build_train_step
 
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     out = []
     for pname in policies:
         prog = build_train_step(cfg, policy=pname, mesh=mesh, strategy="dp", batch_size=batch, total_steps=steps + 2)
-        abs_state = _abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
+        abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
         abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding)
                      for k, v in prog.batch.items()}
         comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=1, analytic=False,
@@ -305,7 +299,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, two policies, 2 host steps")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
-    from workbench.devices import default_platform
 
     default_platform()
     if a.tiny:
@@ -320,7 +313,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

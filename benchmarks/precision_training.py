@@ -4,7 +4,7 @@ and a figure.
 
     python -m benchmarks.precision_training [--presets tiny,small] [--steps-tiny 300] [--steps-small 200] [--tiny]
 
-Uses workbench.train.train_model (one device, strategy dp). The issue's target: bf16 and fp8-delayed within 2% of
+Uses workbench.programs.train.train_model (one device, strategy dp). The issue's target: bf16 and fp8-delayed within 2% of
 float32's final validation loss on `tiny` after 300 steps. Step times in these records are of emulated formats on a
 CPU host (XLA:CPU has no bf16/fp8/MX units): they say nothing about accelerator speed; study (c) does that.
 """
@@ -14,20 +14,22 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+from models.precision import available
+from models.presets import get_config
+from models.quant import POLICY_ORDER
+from partitioning.mesh import make_mesh
+from workbench.hardware.devices import default_platform
+from workbench.programs.data import Batches, shard_batch
+from workbench.programs.train import build_train_step, train_model
+from workbench.results import store as results
 
 
 def grad_scaling_mode(cfg, seed: int = 0) -> str:
-    """Whether workbench.train's step commits fp8-delayed's gradient-scaling state (delayed E5M2 scales) or drops it
+    """Whether workbench.programs.train's step commits fp8-delayed's gradient-scaling state (delayed E5M2 scales) or drops it
     (gradients then use this step's amax: current scaling). Measured: two steps, then read the state."""
     import jax
     import numpy as np
 
-    from partitioning.mesh import make_mesh
-    from workbench.data import Batches, shard_batch
-    from workbench.train import build_train_step
 
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     prog = build_train_step(cfg, policy="fp8-delayed", mesh=mesh, strategy="dp", batch_size=2, seq_len=cfg.seq_len,
@@ -76,12 +78,6 @@ def run(presets=("tiny", "small"), steps=None, policies=None, batch_size: int = 
 def _run_one(presets, steps, policies, batch_size, seed, out_dir, record) -> dict:
     import jax
 
-    from models.precision import available
-    from models.presets import get_config
-    from models.quant import POLICY_ORDER
-    from partitioning.mesh import make_mesh
-    from workbench import results
-    from workbench.train import train_model
 
     steps = steps or {"tiny": 300, "small": 200}
     policies = policies or [p for p in POLICY_ORDER if p in available()]
@@ -96,7 +92,7 @@ def _run_one(presets, steps, policies, batch_size, seed, out_dir, record) -> dic
             print(f"[precision_training] {preset} {p} {n} steps", file=sys.stderr, flush=True)
             try:
                 r = train_model(cfg, strategy="dp", mesh=mesh, steps=n, batch_size=batch_size, precision=p, seed=seed,
-                                eval_every=max(n // 12, 1), progress=True, analytic=False)
+                                eval_every=max(n // 12, 1), progress=True, analytic=False).to_record()
             except Exception as e:  # a diverged policy is a result, not a crash
                 out["runs"].append({"preset": preset, "policy": p, "failed": f"{type(e).__name__}: {e}"[:300]})
                 continue
@@ -164,7 +160,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny preset, 20 steps, three policies")
     ap.add_argument("--out", default="reports/precision")
     a = ap.parse_args(argv)
-    from workbench.devices import default_platform
 
     default_platform()
     import json
@@ -181,7 +176,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
+    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     sys.exit(main())

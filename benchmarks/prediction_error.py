@@ -5,7 +5,7 @@
 Writes reports/prediction_error.json: keys `ops` and `programs` (each row: name, config, predicted_s, measured_s,
 error = |predicted − measured| / measured, signed_error, in_sample), `median_error_ops_heldout`,
 `median_error_ops_in_sample`, `median_error_programs`, `kernel_classes` (per kernel class, the predicted and measured
-time summed over the programs' traced steps, from workbench.kernels) and `calibration_drift` (a fresh calibration at
+time summed over the programs' traced steps, from workbench.measure.kernels) and `calibration_drift` (a fresh calibration at
 the start and another at the end: how far the machine moved meanwhile).
 
 Ops: in-sample rows are shapes the calibration itself ran (square float32 matmuls at the sizes of its rate curve): a
@@ -26,6 +26,27 @@ import os
 import statistics
 import subprocess
 import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.precision import get_policy
+from models.presets import get_config
+from models.quant import matmul_format
+from partitioning.mesh import make_mesh
+from workbench.cost.compile import compile_program
+from workbench.hardware.devices import request_devices
+from workbench.hardware.hostmem import reexec_with_hugepages
+from workbench.measure.calibrate import get_spec, load_or_calibrate
+from workbench.measure.harness import measure_steps, random_inputs
+from workbench.measure.kernels import join, trace_kernels
+from workbench.programs.experiment import run_program, summary
+from workbench.programs.ops import build
+from workbench.programs.predict import build_inference_step
+from workbench.programs.train import build_train_step
+from workbench.results.console import print_table
+from workbench.roofline.prediction import memory_bw, predict
 
 IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
              ("matmul", {"m": 2048, "n": 2048, "k": 2048})]
@@ -82,12 +103,7 @@ QUICK_PROGRAMS = [("tiny 1 device dp float32", dict(kind="train", preset="tiny",
 
 # ------------------------------------------------------------------------------------------ ops
 def op_program(builder: str, sizes: dict, dtype: str):
-    """(fn, abstract args, description) of one held-out op."""
-    import jax
-    import jax.numpy as jnp
-
-    from workbench.ops import build
-
+    """(fn, abstract args) of one held-out op."""
     dt = jnp.dtype(dtype)
     sds = lambda *shape: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
     s = sizes
@@ -118,7 +134,6 @@ def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:
 
 
 def run_ops(ops, cal: dict, repeats: int) -> list[dict]:
-    from workbench.experiment import run_program, summary
 
     rows = []
     for name, builder, sizes, dtype in ops:
@@ -140,30 +155,12 @@ def run_ops(ops, cal: dict, repeats: int) -> list[dict]:
 def run_worker(spec: dict) -> dict:
     """One program in this process (its device count set before JAX starts): compile, predict, time, and join a
     trace kernel by kernel. Returns the program's row."""
-    from workbench.devices import request_devices
-
     request_devices(int(spec["devices"]))
-    import numpy as np
-
-    from models.presets import get_config
-    from models.quant import matmul_format
-    from partitioning.mesh import make_mesh
-    from workbench.compile import compile_program
-    from workbench.hardware import get_spec
-    from workbench.kernels import join, trace_kernels
-    from workbench.measure import measure_steps, random_inputs
-    from workbench.roofline import memory_bw, predict
-
     cfg = get_config(spec["preset"], spec.get("overrides"))
     mesh = make_mesh(spec["mesh"])
-    precision = spec.get("precision", "float32")
-    from models.precision import get_policy
-
-    policy = get_policy(precision)
+    policy = get_policy(spec.get("precision", "float32"))
     n = mesh.size
     if spec["kind"] == "train":
-        from workbench.train import build_train_step
-
         prog = build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec["strategy"], batch_size=spec["batch"],
                                 seq_len=spec.get("seq"))
         comp = compile_program(prog.step, prog.state, prog.batch, mesh=mesh, n_devices=n, analytic=False,
@@ -174,8 +171,6 @@ def run_worker(spec: dict) -> dict:
             box["state"], metrics = comp.compiled(box["state"], prog.batch)
             return metrics["loss"]
     else:
-        from workbench.predict import build_inference_step
-
         seq = spec.get("seq") or cfg.seq_len
         jitted, args, _ = build_inference_step(cfg, policy, mesh, spec["strategy"], spec["batch"], seq, spec["kind"])
         comp = compile_program(jitted, *args, mesh=mesh, n_devices=n, analytic=False,
@@ -257,8 +252,6 @@ def main(argv=None) -> dict:
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker)), default=str))
         return {}
-    from workbench.calibrate import load_or_calibrate
-    from workbench.devices import request_devices
 
     request_devices(None)
     before = load_or_calibrate(force=True, quick=args.quick)
@@ -284,7 +277,6 @@ def main(argv=None) -> dict:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        from workbench.commands._common import print_table
 
         cols = ["name", "in_sample", "predicted_s", "measured_s", "signed_error"]
         print_table(ops, cols, title="ops: predicted vs measured on this host")
@@ -301,7 +293,6 @@ def main(argv=None) -> dict:
 IN_SAMPLE_OPS = [(f"matmul {s['m']}^3 (calibrated size)", "matmul", s, "float32") for _, s in IN_SAMPLE]
 
 if __name__ == "__main__":
-    from workbench.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

@@ -19,6 +19,7 @@ Conventions (stated once, used everywhere):
 from __future__ import annotations
 
 from models.config import ModelConfig
+from workbench.errors import WorkbenchError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
 
@@ -81,6 +82,8 @@ def activation_elements_per_token(cfg: ModelConfig, seq_len: int | None = None) 
 
 def analytics(cfg: ModelConfig, seq_len: int | None = None) -> dict:
     """Every analytic number the workbench quotes for a model config (see the module docstring for conventions)."""
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise WorkbenchError(f"sequence length must be a positive whole number, got {seq_len!r}")
     s = seq_len or cfg.seq_len
     g = param_groups(cfg)
     total = sum(g.values())
@@ -131,7 +134,7 @@ def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict,
                               compute_bytes: int = 4, param_bytes: int = 4) -> dict[str, float]:
     """Per-device collective payload bytes one training step of a dense model should move, by mesh axis.
 
-    Payload convention (workbench.hlo): all-reduce = the array reduced, all-gather = the gathered (full) array,
+    Payload convention (workbench.cost.hlo): all-reduce = the array reduced, all-gather = the gathered (full) array,
     reduce-scatter = the full input. What each strategy implies:
       dp       data:  all-reduce of every gradient                                  = P
       fsdp     data:  all-gather of every parameter with an embed dimension (once, kept for the backward pass)

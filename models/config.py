@@ -6,6 +6,7 @@ Presets live in models/presets.py; analytic counts (params, FLOPs, memory) in mo
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from workbench.errors import WorkbenchError
@@ -16,6 +17,7 @@ POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
 REMATS = ("none", "per-layer", "dots")
+A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +75,10 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise WorkbenchError(f"model config {name} must be a positive whole number, got {v!r}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise WorkbenchError(f"model config {f.name} must be a finite number, got {v!r}")
         if self.n_heads % self.n_kv_heads:
             raise WorkbenchError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
                                  "(grouped-query attention shares each kv head among n_heads/n_kv_heads heads)")
@@ -80,8 +86,6 @@ class ModelConfig:
                               ("router_score", ROUTER_SCORES), ("remat", REMATS)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        from models.moe import A2A_MODES
-
         if self.moe_a2a not in A2A_MODES:
             raise WorkbenchError(f"model config moe_a2a={self.moe_a2a!r} is not one of {', '.join(A2A_MODES)}")
         if self.router_jitter < 0 or self.router_bias_rate < 0:
@@ -92,8 +96,8 @@ class ModelConfig:
             raise WorkbenchError(f"n_experts must be 0 (dense) or >= 2, got {self.n_experts!r}")
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise WorkbenchError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise WorkbenchError(f"capacity_factor must be > 0 or None (dropless), got {self.capacity_factor!r}")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor < math.inf:
+            raise WorkbenchError(f"capacity_factor must be a finite number > 0, or None (dropless), got {self.capacity_factor!r}")
         for name in ("aux_loss_coef", "z_loss_coef", "norm_eps"):
             if not getattr(self, name) >= 0:
                 raise WorkbenchError(f"model config {name} must be >= 0, got {getattr(self, name)!r}")

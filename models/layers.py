@@ -14,23 +14,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
+from models.moe import MoEBlock
+from models.params import normal, ones, param, zeros
 from models.precision import Einsum
-from partitioning.shard import constrain
-
-
-def param(rngs: nnx.Rngs | None, init, shape: tuple[int, ...], axes: tuple, dtype=jnp.float32) -> nnx.Param:
-    """A float32 parameter carrying logical axis names. Eager sharding is off: partitioning/ places it later."""
-    key = rngs.params() if rngs is not None else jax.random.key(0)
-    with nnx.use_eager_sharding(False):
-        return nnx.Param(init(key, shape, dtype), out_sharding=tuple(axes))
-
-
-def normal(std: float):
-    return nnx.initializers.normal(stddev=std)
-
-
-zeros = nnx.initializers.zeros_init()
-ones = nnx.initializers.ones_init()
+from partitioning.shard import constrain, is_sharded
 
 
 class Norm(nnx.Module):
@@ -145,7 +132,6 @@ class Attention(nnx.Module):
         """Row blocks for causal self-attention over t positions: 2, 4 or 8 blocks of at least 128 queries; 1 (no
         split) below 256 positions, for quantizing policies (their score/mix modules keep one scale per call) and
         when the sequence axis is sharded (sp: slicing a sharded axis would move data between devices)."""
-        from partitioning.shard import is_sharded
 
         if type(self.score_dot) is not Einsum or is_sharded("seq", t):
             return 1
@@ -212,15 +198,6 @@ class MLP(nnx.Module):
 def make_mlp(cfg: ModelConfig, policy, rngs: nnx.Rngs):
     """Dense MLP, or the MoE engineer's models.moe.MoEBlock when cfg.n_experts > 0. Both return (y_btd, aux)."""
     if cfg.is_moe:
-        try:
-            from models.moe import MoEBlock
-        except ModuleNotFoundError as e:
-            if e.name != "models.moe":
-                raise
-            from workbench.errors import WorkbenchError
-
-            raise WorkbenchError("mixture-of-experts configs need models/moe.py (MoEBlock), not present in this "
-                                 "checkout; set n_experts=0 for a dense model") from None
         return MoEBlock(cfg, policy, rngs=rngs)
     return MLP(cfg, policy, rngs)
 

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.layers import normal, param, zeros
+from models.params import normal, param, zeros
+from models.precision import get_policy
 from partitioning.shard import constrain
 
 
@@ -39,7 +40,6 @@ class MLPModel(nnx.Module):
 
     def __init__(self, d_model: int = 128, d_ff: int = 512, n_layers: int = 2, policy=None,
                  rngs: nnx.Rngs | None = None):
-        from models.precision import get_policy
 
         policy = get_policy("float32") if policy is None else get_policy(policy)
         rngs = rngs if rngs is not None else nnx.Rngs(0)

@@ -61,14 +61,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
+from models.params import normal, param, zeros
+from partitioning.mesh import TENSOR_AXIS
+from partitioning.shard import current
 from workbench.errors import WorkbenchError
 
-ROUTERS = ("token-choice", "expert-choice")
-SCORES = ("softmax", "sigmoid")
-MLPS = ("gelu", "swiglu")
 EXPERT_AXIS = "expert"
 # mesh axes that split d_ff (tensor parallel) rather than tokens; every other mesh axis splits tokens under EP
-TENSOR_AXES = ("tensor", "model", "tp")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,12 +81,12 @@ def check_routing_args(n_experts: int, top_k: int, capacity_factor: float | None
         raise WorkbenchError(f"number of experts must be a positive whole number, got {n_experts!r}")
     if router not in ROUTERS:
         raise WorkbenchError(f"unknown router {router!r}; choose one of {', '.join(ROUTERS)}")
-    if score not in SCORES:
-        raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(SCORES)}")
+    if score not in ROUTER_SCORES:
+        raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(ROUTER_SCORES)}")
     if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= n_experts:
         raise WorkbenchError(f"top-k must be between 1 and the number of experts ({n_experts}), got {top_k!r}")
-    if capacity_factor is not None and not (isinstance(capacity_factor, (int, float)) and capacity_factor > 0):
-        raise WorkbenchError(f"capacity factor must be > 0 (or omitted for dropless), got {capacity_factor!r}")
+    if capacity_factor is not None and not (isinstance(capacity_factor, (int, float)) and 0 < capacity_factor < math.inf):
+        raise WorkbenchError(f"capacity factor must be a finite number > 0 (or omitted for dropless), got {capacity_factor!r}")
     if router == "expert-choice" and capacity_factor is None:
         raise WorkbenchError("expert-choice routing needs a capacity factor (each expert takes C tokens); "
                              "pass one, e.g. 1.0")
@@ -120,7 +120,7 @@ def router_scores(logits_te: jax.Array, score: str) -> jax.Array:
         return jax.nn.softmax(logits_te, axis=-1)
     if score == "sigmoid":
         return jax.nn.sigmoid(logits_te)
-    raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(SCORES)}")
+    raise WorkbenchError(f"unknown router score {score!r}; choose one of {', '.join(ROUTER_SCORES)}")
 
 
 def top_k_route(logits_te: jax.Array, top_k: int, score: str = "softmax", *, renormalize: bool | None = None,
@@ -433,12 +433,9 @@ def current_mesh():
 def ep_axes(mesh, expert_axis: str = EXPERT_AXIS):
     """(token axes, tensor axis or None) for the EP layout on `mesh`."""
     names = tuple(mesh.axis_names)
-    tensor = next((a for a in TENSOR_AXES if a in names and mesh.shape[a] > 1), None)
+    tensor = TENSOR_AXIS if TENSOR_AXIS in names and mesh.shape[TENSOR_AXIS] > 1 else None
     token_axes = tuple(a for a in names if a != tensor)
     return token_axes, tensor
-
-
-A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")
 
 
 def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
@@ -460,7 +457,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
                bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
-    Tokens are split over every mesh axis but `tensor_axis` ("auto": the first of TENSOR_AXES present with size > 1;
+    Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
     None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None:
@@ -625,7 +622,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
 def _partitioning_context():
     """(mesh, rules) from partitioning.shard.activation_sharding, or None (also when partitioning/ is absent)."""
     try:
-        from partitioning.shard import current
+        pass
     except ModuleNotFoundError:
         return None
     return current()
@@ -655,8 +652,6 @@ class MoEBlock(nnx.Module):
                            self.opt.score)
         if self.opt.mlp not in MLPS:
             raise WorkbenchError(f"unknown mlp {self.opt.mlp!r}; choose one of {', '.join(MLPS)}")
-        from models.layers import normal, param, zeros  # the models' one parameter convention (no eager sharding)
-
         E, D, F = cfg.n_experts, cfg.d_model, cfg.d_ff
         self.compute_dtype = policy.compute_dtype
         pd = policy.param_dtype

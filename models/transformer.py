@@ -13,7 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import Block, Norm, normal, param
+from models.layers import Block, Norm
+from models.params import normal, param
+from models.precision import get_policy
 from partitioning.shard import constrain
 
 
@@ -31,7 +33,6 @@ def combine_aux(auxes: list[dict]) -> dict:
 
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, policy=None, rngs: nnx.Rngs | None = None):
-        from models.precision import get_policy
 
         policy = get_policy("float32") if policy is None else get_policy(policy)
         rngs = rngs if rngs is not None else nnx.Rngs(0)

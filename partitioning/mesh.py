@@ -11,6 +11,7 @@ from typing import Sequence
 from workbench.errors import WorkbenchError
 
 MESH_AXES = ("data", "model", "expert", "seq")
+TENSOR_AXIS = "model"  # the axis tensor parallelism splits heads, mlp and vocab over (partitioning/rules.py)
 
 
 def parse_mesh_spec(spec: str | dict) -> dict[str, int]:

@@ -25,6 +25,7 @@ import os
 import re
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ class TpuFamily:
     dims: int                   # 2 = 2D torus (v5e, v6e), 3 = 3D torus (v4, v5p)
     chip_config: str            # "megacore" fuses the chip's two TensorCores into one JAX device
     max_chips: int              # largest slice Google Cloud sells (one pod)
-    spec_names: tuple[str, ...]  # names to look up in workbench.hardware
+    spec_names: tuple[str, ...]  # names to look up in workbench.hardware.spec
     device_kind: str            # what libtpu reports as device_kind
     slice_shapes: tuple[str, ...] = ()  # 2D families: the shapes on offer; empty = any accepted by libtpu
     source: str = ""
@@ -274,7 +275,6 @@ def tpu_devices(target_name: str) -> tuple:
     if target.kind != "tpu":
         raise WorkbenchError(f"{target.name} is not a TPU target")
     require_libtpu()
-    from workbench.devices import default_platform
 
     default_platform()  # CPU for everything else; libtpu is loaded only as a compiler plugin
     _quiet_libtpu_env(target)
@@ -325,7 +325,6 @@ def gpu_compiler_for(target: Target, choice: str = "auto") -> str:
 def xla_gpu_devices(target_name: str) -> tuple:
     """Compile-only devices of XLA:GPU for a GPU node (no GPU needed; JAX CUDA plugin required)."""
     target = parse_target(target_name)
-    from workbench.devices import default_platform
 
     default_platform()
     from jax.experimental import topologies
@@ -348,7 +347,7 @@ def target_devices(target: Target, gpu_compiler: str = "auto") -> list:
 
     TPU: libtpu's compile-only devices. GPU with the JAX CUDA plugin installed: XLA:GPU compile-only devices.
     GPU otherwise: simulated CPU devices of the same count (the caller must have called
-    workbench.devices.request_devices(target.n_chips) before JAX started; a mismatch is a one-line error).
+    workbench.hardware.devices.request_devices(target.n_chips) before JAX started; a mismatch is a one-line error).
     """
     if target.kind == "tpu":
         return list(tpu_devices(target.name))
@@ -356,7 +355,6 @@ def target_devices(target: Target, gpu_compiler: str = "auto") -> list:
         return list(xla_gpu_devices(target.name))
     import jax
 
-    from workbench.devices import request_devices
 
     have = request_devices(target.n_chips)
     devs = jax.devices()

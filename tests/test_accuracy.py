@@ -6,11 +6,11 @@ import pytest
 
 from models.presets import get_config
 from partitioning.mesh import make_mesh
-from workbench.calibrate import KNOWN_PARTS, host_clock, peak_findings, physical_peaks
-from workbench.explain import TERMS, waterfall
-from workbench.hardware import HardwareSpec, Interconnect
-from workbench.hlo import parse_module
-from workbench.kernels import KERNEL_CLASSES, KernelEvent, kernel_table, wall_shares
+from workbench.cost.hlo import parse_module
+from workbench.hardware.spec import HardwareSpec, Interconnect
+from workbench.measure.calibrate import KNOWN_PARTS, host_clock, peak_findings, physical_peaks
+from workbench.measure.explain import TERMS, waterfall
+from workbench.measure.kernels import KERNEL_CLASSES, KernelEvent, kernel_table, wall_shares
 
 # a host double: fixed ceilings, so the join is tested without calibrating
 HOST = HardwareSpec(name="host", kind="cpu", vendor="test", peak_flops={"float32": 1e11, "bfloat16": 1e11},
@@ -49,8 +49,8 @@ def test_wall_shares_match_a_plain_loop():
 @pytest.fixture(scope="module")
 def scanned_fsdp():
     """tiny with scanned layers (a while loop), fsdp on 8 simulated devices (all-gathers, reduce-scatters)."""
-    from workbench.compile import compile_program
-    from workbench.train import build_train_step
+    from workbench.cost.compile import compile_program
+    from workbench.programs.train import build_train_step
 
     cfg = get_config("tiny", "scan_layers=true")
     mesh = make_mesh("data=8")
@@ -124,11 +124,11 @@ def test_run_explain_cli(monkeypatch, results_dir, capsys, tmp_path):
     the chart under reports/run-<record>/, MFU in both conventions."""
     import os
 
-    import workbench.hardware as hw
+    import workbench.programs.train as train
     from workbench.cli import main
 
-    real = hw.get_spec
-    monkeypatch.setattr(hw, "get_spec", lambda name, **kw: HOST if name == "host" else real(name, **kw))
+    real = train.get_spec  # the host is a test double, so the test does not calibrate
+    monkeypatch.setattr(train, "get_spec", lambda name, **kw: HOST if name == "host" else real(name, **kw))
     monkeypatch.chdir(tmp_path)
     main(["run", "--preset", "tiny", "--strategy", "dp", "--mesh", "data=8", "--devices", "8", "--batch", "8",
           "--seq", "32", "--steps", "4", "--explain", "--json"])

@@ -98,8 +98,9 @@ def test_demo_tiny_writes_report(env, tmp_path):
 
 
 def test_gpu_check_script_tiny_on_cpu(env, tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--tiny", str(tmp_path)],
-                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    # as on a GPU host: from the source tree's root, `-m` (nothing installed needed but jax)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny", str(tmp_path)],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["calibration"]["matmul_bfloat16"]["flops_per_s"] > 0

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from workbench.compile import compile_program
-from workbench.costs import CostReport, costs_from_compiled
+from workbench.cost.compile import compile_program
+from workbench.cost.report import CostReport, costs_from_compiled
 
 
 def test_matmul_flops_from_compiler_and_analytic():

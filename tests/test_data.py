@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from workbench.data import Batches, get_batch, is_val, load_corpus, shard_batch, unigram_baseline
 from workbench.errors import WorkbenchError
+from workbench.programs.data import Batches, get_batch, is_val, load_corpus, shard_batch, unigram_baseline
 
 SMALL = 400_000
 

@@ -5,7 +5,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench import hlo
+from workbench.cost import hlo
 
 ASYNC_HLO = """HloModule m, is_scheduled=true
 

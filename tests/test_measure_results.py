@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from workbench.errors import RecompileError, WorkbenchError
-from workbench.measure import measure, measure_steps, random_inputs, summarize
-from workbench.results import Store, make_record
+from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
+from workbench.results.store import Store, make_record
 
 
 def test_measure_stats_and_batching():
@@ -72,7 +72,7 @@ def test_corrupt_and_incomplete_files(tmp_path):
 def test_profile_kernels_joins_trace_times_with_hlo_costs():
     """A traced matmul + elementwise program: the dot is found, classed as a matmul, its flops are 2mnk per call,
     every kernel has a positive time, and the classes add up to the kernel total."""
-    from workbench.measure import profile_kernels
+    from workbench.measure.harness import profile_kernels
 
     m, k, n = 256, 512, 384
     f = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2.0)
@@ -93,7 +93,7 @@ def test_profile_kernels_joins_trace_times_with_hlo_costs():
 def test_dot_floor_times_each_distinct_dot_once_and_counts_its_runs():
     """Two dots of the same sizes (one with a transposed operand) and a different one: the floor times two sizes,
     counts two runs of the shared one, adds their flops exactly, and every timing comes from the trace."""
-    from workbench.measure import dot_floor
+    from workbench.measure.harness import dot_floor
 
     m, k, n = 192, 256, 128
 
@@ -112,7 +112,7 @@ def test_dot_floor_times_each_distinct_dot_once_and_counts_its_runs():
 
 
 def test_mfu_chart_writes_a_png(tmp_path):
-    from workbench.report import mfu_chart
+    from workbench.results.figures import mfu_chart
 
     rows = [{"devices": d, "strategy": "dp", "mesh": f"data={d}", "batch": 8, "mfu": m,
              "mfu_bound": b,

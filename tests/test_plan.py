@@ -1,9 +1,9 @@
-"""workbench.plan: candidate enumeration, ranking, zero-feasible report, outcome cache."""
+"""workbench.programs.plan: candidate enumeration, ranking, zero-feasible report, outcome cache."""
 import pytest
 
 from partitioning import topology as topo
-from workbench import plan as wplan
 from workbench.errors import WorkbenchError
+from workbench.programs import plan as wplan
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
 
@@ -35,7 +35,7 @@ def test_enumeration_skips_batches_that_do_not_divide():
 def test_pruning_keeps_memory_savers_for_programs_that_do_not_fit():
     from types import SimpleNamespace as NS
 
-    from workbench.predict import PredictSpec
+    from workbench.programs.predict import PredictSpec
 
     def out(mesh, status, body=None):
         return wplan.Outcome(PredictSpec("tiny", "tpu-v5e:2x2", "tp", mesh=mesh), status, body or {})
@@ -74,7 +74,7 @@ def test_plan_ranks_and_caches(results_dir, tmp_path, monkeypatch):
     again = wplan.plan("tiny", "tpu-v5e:2x2", **kw)  # same programs: outcomes come from the cache
     assert again["compiled_fresh"] == 0 and all(x["cached"] for x in again["ranking"])
     assert [x["predicted_step_s"] for x in again["ranking"]] == steps
-    from workbench.results import Store
+    from workbench.results.store import Store
 
     kinds = [rec["kind"] for rec in Store().records()]
     assert kinds.count("plan") == 2 and kinds.count("predict") == 4

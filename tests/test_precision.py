@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from workbench.commands.precision import matmul_error
 from workbench.errors import WorkbenchError
+from workbench.programs.precision import matmul_error
 
 
 def test_error_ordering_on_normal_inputs():
@@ -52,14 +52,14 @@ def test_cli_precision_bad_names_one_line(capsys):
 @pytest.mark.compile_heavy
 @pytest.mark.parametrize("policy", ["fp16", "fp8-current", "fp8-delayed", "mxfp8", "mxfp4"])
 def test_policy_trains_tiny_50_steps(policy):
-    """Each added policy trains the `tiny` preset for 50 steps through workbench.train's sharded step: finite losses
+    """Each added policy trains the `tiny` preset for 50 steps through workbench.programs.train's sharded step: finite losses
     that fall; fp8-delayed's amax histories advance under jit with donated state."""
     import jax
 
     from models.presets import get_config
     from partitioning.mesh import make_mesh
-    from workbench.data import Batches, shard_batch
-    from workbench.train import build_train_step
+    from workbench.programs.data import Batches, shard_batch
+    from workbench.programs.train import build_train_step
 
     cfg = get_config("tiny", None)
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
@@ -82,8 +82,8 @@ def test_policy_trains_tiny_50_steps(policy):
 def test_gpu_precision_section_tiny_on_cpu(results_dir):
     """The GPU device-check section runs in its tiny mode here; on a CPU it must say the fp8 dots are emulated."""
     from benchmarks import gpu_precision
-    from workbench.hardware import get_spec
-    from workbench.results import Store
+    from workbench.measure.calibrate import get_spec
+    from workbench.results.store import Store
 
     out = gpu_precision.run(spec=get_spec("h200"), tiny=True, repeats=2)
     rows = {r["case"]: r for r in out["rows"]}

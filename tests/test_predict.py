@@ -1,4 +1,4 @@
-"""workbench.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
+"""workbench.programs.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; the prediction obeys its
 floor; memory that cannot fit is reported (pre-check and compiler), never a crash."""
 
 import jax
@@ -9,8 +9,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from partitioning import topology as topo
-from workbench import predict as wp
+from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
+from workbench.programs import predict as wp
+from workbench.results.store import Store
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
 
@@ -39,10 +41,10 @@ def test_defaults():
     from models.presets import get_config
 
     cfg = get_config("small")
-    assert wp.default_mesh("fsdp", 16, cfg) == {"data": 16}
-    assert wp.default_mesh("tp", 16, cfg) == {"data": 2, "model": 8}  # small: 8 heads
-    assert wp.default_mesh("fsdp+tp", 4, get_config("tiny")) == {"data": 1, "model": 4}
-    assert wp.batch_axes("ep", {"data": 2, "expert": 4}) == 8
+    assert get_strategy("fsdp").default_mesh(16, cfg) == {"data": 16}
+    assert get_strategy("tp").default_mesh(16, cfg) == {"data": 2, "model": 8}  # small: 8 heads
+    assert get_strategy("fsdp+tp").default_mesh(4, get_config("tiny")) == {"data": 1, "model": 4}
+    assert get_strategy("ep").batch_ways({"data": 2, "expert": 4}) == 8
     target, cfg, axes, batch, seq, _ = wp.prepare(wp.PredictSpec("small", "tpu-v5e:4x4", "fsdp"))
     assert (axes, batch, seq) == ({"data": 16}, 64, 256)
 
@@ -68,7 +70,7 @@ def test_precheck_skips_the_compile_when_the_state_alone_overflows(results_dir):
     # float32 params + AdamW m and v (12 B/param), replicated: the shard-shape sum is that, plus a few scalars
     assert 12 * n <= r["state_bytes_per_device"] <= 12 * n + 1024
     assert "not compiled" in r["reason"]
-    from workbench.results import Store
+    from workbench.results.store import Store
 
     assert Store().records("predict")[-1]["extra"]["fits"] is False
 
@@ -109,7 +111,7 @@ def test_tiny_compiles_for_tpu_topologies(target, kind, results_dir):
     _check_prediction(r)
     assert r["compiler"] == "libtpu" and r["chip"].startswith("tpu-")
     assert any(k.startswith(("all-gather", "reduce-scatter", "all-reduce")) for k in r["collectives"])
-    rec = __import__("workbench.results").results.Store().records("predict")[-1]
+    rec = Store().records("predict")[-1]
     assert rec["spec"]["target"] == target and rec["costs"]["scope"] == "per_device"
     assert rec["prediction"]["target"] == r["chip"]
 

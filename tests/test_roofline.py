@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 
 from partitioning.collectives import collective_time
-from workbench.costs import CostReport
-from workbench.hardware import HardwareSpec, Interconnect, get_spec
-from workbench.hlo import CollectiveOp, KernelCost
+from workbench.cost.hlo import CollectiveOp, KernelCost
+from workbench.cost.report import CostReport
+from workbench.hardware.spec import HardwareSpec, Interconnect, get_spec
 
 CHIP = HardwareSpec(name="toy", kind="tpu", vendor="test", peak_flops={"bfloat16": 100e12, "float32": 10e12},
                     hbm_bytes=16e9, hbm_bw=1e12, interconnect=Interconnect("ici-torus-2d", 50e9, 4, 0.0),
@@ -16,7 +16,7 @@ CHIP = HardwareSpec(name="toy", kind="tpu", vendor="test", peak_flops={"bfloat16
 def test_compute_bound_matmul():
     n = 4096
     cost = CostReport(flops=2 * n**3, transcendentals=0, bytes_accessed=3 * n * n * 2, compute_dtype="bfloat16")
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     p = predict(cost, CHIP)
     assert p.bound == "compute"
@@ -28,7 +28,7 @@ def test_compute_bound_matmul():
 
 
 def test_memory_bound_and_kernel_sum():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     ks = (KernelCost("mm", "kOutput", "", 1e6, 1e6, 2e11, 0), KernelCost("ew", "kLoop", "", 4e9, 4e9, 1e9, 0))
     cost = CostReport(flops=2e11 + 1e9, transcendentals=0, bytes_accessed=8e9 + 2e6, kernels=ks,
@@ -52,7 +52,7 @@ def test_collective_formulas():
 
 
 def test_comm_term_and_overlap():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     c = CollectiveOp("ar", "all-reduce", "float32", 1e9, 4, 1, False, count=2)
     cost = CostReport(flops=1e9, transcendentals=0, bytes_accessed=1e6, collectives=(c,), n_devices=4)
@@ -64,7 +64,7 @@ def test_comm_term_and_overlap():
 
 
 def test_simulated_mesh_whole_mesh_on_host():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     host = dataclasses.replace(CHIP, name="host", kind="cpu", interconnect=Interconnect("host-memory", 1e12, 1))
     cost = CostReport(flops=1e12, transcendentals=0, bytes_accessed=1e6, n_devices=8)
@@ -75,7 +75,7 @@ def test_simulated_mesh_whole_mesh_on_host():
 
 
 def test_fp8_falls_back_where_chip_lacks_units():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     cost = CostReport(flops=1e12, transcendentals=0, bytes_accessed=1e6, compute_dtype="float8_e4m3fn")
     p = predict(cost, CHIP)
@@ -85,7 +85,7 @@ def test_fp8_falls_back_where_chip_lacks_units():
 
 
 def test_catalogue_sources_everywhere():
-    from workbench.hardware import catalogue
+    from workbench.hardware.spec import catalogue
 
     cat = catalogue()
     assert len(cat) >= 9
@@ -105,7 +105,7 @@ def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
 
 
 def test_small_matmul_kernels_priced_on_the_curve():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     spec = dataclasses.replace(CHIP, matmul_curve=((64, 1e12), (4096, 10e12)))
     k = KernelCost("mm", "kOutput", "", 0.0, 0.0, 2e9, 0, 1, 2e9, 64.0)
@@ -119,7 +119,7 @@ def test_batched_dot_size_excludes_batch():
     import jax
     import jax.numpy as jnp
 
-    from workbench.compile import compile_program
+    from workbench.cost.compile import compile_program
 
     b, m, k, n = 16, 64, 32, 64
     c = compile_program(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y), jax.ShapeDtypeStruct((b, m, k), jnp.float32),
@@ -130,7 +130,7 @@ def test_batched_dot_size_excludes_batch():
 
 
 def test_warns_when_compiler_bytes_dwarf_the_kernels():
-    from workbench.roofline import predict
+    from workbench.roofline.prediction import predict
 
     k = KernelCost("f", "kLoop", "", 1e6, 1e6, 1e6, 0)
     p = predict(CostReport(flops=1e6, transcendentals=0, bytes_accessed=1e9, kernels=(k,)), CHIP)

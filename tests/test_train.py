@@ -9,10 +9,10 @@ import pytest
 from models.analytics import analytics, collective_bytes_per_step
 from models.presets import get_config
 from partitioning.mesh import make_mesh
-from workbench.data import Batches, load_corpus
 from workbench.errors import WorkbenchError
+from workbench.programs.data import Batches, load_corpus
+from workbench.programs.train import build_train_step, train_model
 from workbench.testing import assert_close, tol
-from workbench.train import build_train_step, train_model
 
 GQA_TP = "pos=rope,norm=rmsnorm,mlp=swiglu,n_heads=8,n_kv_heads=4,head_dim=8,bias=false,tie_embeddings=false"
 B, T = 8, 32
@@ -90,7 +90,7 @@ def test_microbatching_gives_the_same_gradients():
 
 # ------------------------------------------------------------------------------------------------- collectives
 def _collective_bytes_by_axis(cfg, strategy, spec):
-    from workbench.hlo import parse_collectives
+    from workbench.cost.hlo import parse_collectives
 
     mesh = make_mesh(spec)
     prog = build_train_step(cfg, policy="float32", mesh=mesh, strategy=strategy, batch_size=B, seq_len=64,
@@ -121,7 +121,7 @@ def test_hlo_collective_bytes_match_the_strategy_formula(strategy, spec):
 @pytest.mark.compile_heavy
 def test_tiny_learns_the_corpus_below_the_unigram_baseline():
     r = train_model(get_config("tiny"), strategy="dp", mesh=_one_device(), steps=200, batch_size=16,
-                    eval_every=100, progress=False, hardware=None, analytic=False)
+                    eval_every=100, progress=False, hardware=None, analytic=False).to_record()
     base = r["unigram_baseline_val"]
     first_val, last_val = r["val_losses"][0][1], r["val_loss"]
     print(f"tiny 200 steps: val loss {first_val:.3f} -> {last_val:.3f} nats/byte; unigram baseline {base:.3f}")
@@ -151,9 +151,9 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     The host ceiling is a test double (a catalogue chip renamed 'host', kind cpu) so the test does not calibrate."""
     import json
 
-    import workbench.hardware as hw
+    import workbench.hardware.spec as hw
     from workbench.cli import main
-    from workbench.results import Store
+    from workbench.results.store import Store
 
     fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu")
     real = hw.get_spec

@@ -1,13 +1,13 @@
 """Accelerator workbench: compile a JAX program, read its costs, predict it on a roofline, measure it, record it.
 
-Public API (import from here):
-    devices.request_devices  set the simulated CPU device count before JAX starts
-    hardware.get_spec        catalogue chip or the calibrated host
-    costs.CostReport         per-device costs of one compiled program (frozen, adds)
-    compile.compile_program  jit.lower(abstract args).compile() -> Compiled + CostReport
-    roofline.predict         HardwareSpec x CostReport -> Prediction
-    measure.measure          warm-up, repeats, median/IQR/min, recompile guard
-    results.Store            append-only JSON Lines records, loader to pandas
-    experiment.run_experiment one call through the whole spine -> Record
+Floors, lowest first (each imports only those below it; docs/ARCHITECTURE.md):
+    workbench.cost       compile_program, CostReport, the HLO reader, analytic counts
+    workbench.hardware   HardwareSpec and the catalogue, simulated devices, the host allocator
+    models, partitioning the model family; meshes, rules and Strategy objects, TPU/GPU targets
+    workbench.roofline   predict(CostReport, HardwareSpec) -> Prediction
+    workbench.measure    the one timing harness, per-kernel profiles, host calibration (get_spec('host'))
+    workbench.results    the results store, figures, console output
+    workbench.programs   train, predict, plan, experiment, the studies: typed results with to_record()
+    workbench.commands   the CLI (`workbench --help`)
 """
 __version__ = "0.1.0"

@@ -12,37 +12,31 @@ import sys
 import typer
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.hostmem import reexec_with_hugepages
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   rich_markup_mode=None, help=__doc__.splitlines()[0])
 
 # command modules, registered in this order; each defines register(app: typer.Typer)
 COMMAND_MODULES = ["hw", "calibrate", "roofline", "results", "demo", "model_info", "run", "predict", "plan",
-                   "precision", "moe"]
+                   "precision", "moe", "sweep", "paper"]
 
 
 def _register():
     for name in COMMAND_MODULES:
-        modname = f"workbench.commands.{name}"
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:
-                continue  # not built yet
-            raise
-        mod.register(app)
+        importlib.import_module(f"workbench.commands.{name}").register(app)
 
 
 _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hostmem.py)
-        from workbench.hostmem import reexec_with_hugepages
-
+    if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hardware/hostmem.py)
         reexec_with_hugepages()
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # a command's typer.Exit(n) comes back as n
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
         return 0
     except WorkbenchError as e:
         print(f"workbench: error: {e}", file=sys.stderr)

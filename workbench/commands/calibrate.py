@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import typer
 
+from workbench.hardware.devices import request_devices
+from workbench.measure.calibrate import load_or_calibrate
+from workbench.results.console import emit_json
+
 
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
@@ -11,9 +15,6 @@ def register(app: typer.Typer) -> None:
                       json_out: bool = typer.Option(False, "--json")):
         """Measure XLA's matmul FLOP/s (float32, bfloat16), streaming bandwidth and special-function throughput on
         this host, beside the physical peaks derived from its CPU features. Cached per host fingerprint."""
-        from workbench.calibrate import load_or_calibrate
-        from workbench.commands._common import emit_json
-        from workbench.devices import request_devices
 
         request_devices(None)
         cal = load_or_calibrate(force=force, quick=quick)

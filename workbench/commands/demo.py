@@ -5,6 +5,8 @@ from typing import Optional
 
 import typer
 
+from workbench.hardware.devices import request_devices
+
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
@@ -12,8 +14,7 @@ def register(app: typer.Typer) -> None:
                  tiny: bool = typer.Option(False, help="tiny sizes (seconds; for tests)")):
         """Built-in ops at a few sizes on this CPU, measured and predicted; a table and a report folder with a
         roofline chart."""
-        from workbench.demo import run_demo
-        from workbench.devices import request_devices
+        from workbench.programs.demo import run_demo
 
         request_devices(None)
         run_demo(out, tiny=tiny)

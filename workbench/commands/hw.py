@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import typer
 
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform
+from workbench.hardware.spec import catalogue
+from workbench.measure.calibrate import get_spec
+from workbench.results.console import emit_json, print_table
+
 
 def register(app: typer.Typer) -> None:
     hw = typer.Typer(help="Hardware catalogue: chips and the calibrated host.", no_args_is_help=True)
@@ -11,10 +17,6 @@ def register(app: typer.Typer) -> None:
     @hw.command("list")
     def hw_list(json_out: bool = typer.Option(False, "--json")):
         """All chips with their headline figures (host: from the cached calibration, if any)."""
-        from workbench.commands._common import emit_json, print_table
-        from workbench.devices import default_platform
-        from workbench.errors import WorkbenchError
-        from workbench.hardware import catalogue, get_spec
 
         default_platform()
         rows = []
@@ -40,9 +42,6 @@ def register(app: typer.Typer) -> None:
     @hw.command("show")
     def hw_show(name: str, json_out: bool = typer.Option(False, "--json")):
         """One chip, every figure with its source and the date it was read."""
-        from workbench.commands._common import emit_json
-        from workbench.devices import default_platform
-        from workbench.hardware import get_spec
 
         default_platform()
         spec = get_spec(name)

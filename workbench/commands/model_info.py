@@ -5,6 +5,11 @@ from typing import Optional
 
 import typer
 
+from models.analytics import analytics
+from models.presets import get_config, source
+from workbench.errors import positive_int
+from workbench.results.console import emit_json, fmt, print_table
+
 
 def register(app: typer.Typer) -> None:
     @app.command("model-info")
@@ -17,10 +22,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Parameters, FLOPs per token, KV-cache bytes and training-memory estimates of a model config."""
-        from models.analytics import analytics
-        from models.presets import get_config, source
-        from workbench.commands._common import emit_json, fmt, print_table
 
+        if seq is not None:
+            positive_int("--seq", seq)
         cfg = get_config(preset, overrides)
         a = analytics(cfg, seq)
         out = {"preset": preset, "source": source(preset), "overrides": overrides or "", "config": cfg.to_dict(), **a}

@@ -3,9 +3,7 @@
     workbench moe route --tokens 4096 --experts 8 --top-k 2 --capacity-factor 1.0 --router token-choice --json
     workbench --devices 8 moe layer --mesh data=2,expert=4 --strategy ep --experts 8 --top-k 2 --capacity-factor 1.25
 
-Synthetic logits: logits_te = N(0, 1) - skew · ln(e + 1), i.e. expert popularity follows a Zipf law of exponent
-`skew` on top of unit Gaussian noise (skew 0: balanced in expectation). Nothing is timed here: every number is a count
-computed by the same routing functions the model uses (models/moe.py).
+The programs (synthetic logits, routing statistics, the layer's compiled costs) are in workbench/programs/moe.py.
 """
 from __future__ import annotations
 
@@ -13,192 +11,10 @@ from typing import Optional
 
 import typer
 
-from workbench.commands._common import emit_json, print_table
 from workbench.errors import WorkbenchError, positive_int
-
-
-def synthetic_logits(tokens: int, experts: int, skew: float, seed: int):
-    """(T, E) float32 logits: unit Gaussian noise minus skew·ln(e+1) (Zipf-like popularity of the experts)."""
-    import jax
-    import jax.numpy as jnp
-
-    noise = jax.random.normal(jax.random.key(seed), (tokens, experts), jnp.float32)
-    return noise - skew * jnp.log1p(jnp.arange(experts, dtype=jnp.float32))[None, :]
-
-
-def route_stats(tokens: int, experts: int, top_k: int, capacity_factor: float | None, router: str,
-                score: str = "softmax", skew: float = 0.0, seed: int = 0, ep: int = 1) -> dict:
-    """Route synthetic logits and return the statistics (a dict of plain numbers). Tokens are split into `ep` routing
-    groups, one per expert-parallel device, each with its own capacity, exactly as models.moe.ep_forward routes."""
-    import jax
-    import jax.numpy as jnp
-
-    from models import moe
-
-    moe.check_routing_args(experts, top_k, capacity_factor, router, score, ep)
-    if tokens % ep:
-        raise WorkbenchError(f"--tokens {tokens} is not divisible by --ep {ep} (one routing group per device)")
-    opt = moe.MoEOptions(n_experts=experts, top_k=top_k, capacity_factor=capacity_factor, router=router, score=score)
-    t_loc = tokens // ep
-    cap = moe.expert_capacity(t_loc, experts, top_k, capacity_factor)
-    logits = synthetic_logits(tokens, experts, skew, seed).reshape(ep, t_loc, experts)
-
-    @jax.jit
-    def run(logits_gte):
-        def one(l_te):
-            route, sums = moe.route_group(l_te, opt, None if (capacity_factor is None and router == "token-choice")
-                                          else cap)
-            return sums
-
-        sums = jax.vmap(one)(logits_gte)
-        sums = jax.tree.map(lambda a: jnp.sum(a, axis=0), sums)
-        return sums, moe.finalize_stats(sums, 1.0, 1.0)
-
-    sums, stats = run(logits)
-    assignments = int(sums["assignments"])
-    dropped = int(sums["dropped"])
-    return {
-        "tokens": tokens, "experts": experts, "top_k": top_k, "capacity_factor": capacity_factor,
-        "router": router, "score": score, "skew": skew, "seed": seed, "ep": ep,
-        "capacity_per_expert": cap if capacity_factor is not None else None,
-        "assignments": assignments, "dispatched": assignments - dropped, "dropped": dropped,
-        "dropped_fraction": float(stats["dropped_fraction"]),
-        "load_per_expert": [float(v) for v in sums["load_e"]],
-        "load_max_over_mean": float(stats["load_max_over_mean"]),
-        "lb_loss": float(stats["lb_loss"]), "z_loss": float(stats["z_loss"]),
-        "router_entropy_nats": float(stats["router_entropy"]),
-        "conventions": ("lb_loss: Switch E*sum_e f_e*P_e (uniform = 1); z_loss: mean logsumexp^2; "
-                        "expert-choice: assignments = tokens, dropped = tokens no expert took"),
-    }
-
-
-def _expert_mats(mlp: str) -> int:
-    return 3 if mlp == "swiglu" else 2
-
-
-def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: int = 512, experts: int = 8,
-                top_k: int = 2, capacity_factor: float | None = 1.25, router: str = "token-choice",
-                score: str = "softmax", mlp: str = "swiglu", mesh_spec: str = "expert=8", strategy: str = "ep",
-                backward: bool = False, targets=("tpu-v5e", "h100-sxm"), seed: int = 0, measure: bool = False) -> dict:
-    """Compile one MoE layer (forward, or forward+backward) on a mesh of the local devices and attribute its costs.
-
-    Everything per device. flops_total: the compiled layer (XLA cost_analysis). flops_routing_dispatch: the same layer
-    compiled with the experts replaced by the identity (router, top-k, slot assignment, scatter/gather, all-to-all,
-    combine). flops_experts = total - routing_dispatch. flops_experts_useful: 2·T·k·D·F·(2 or 3 matrices) / devices
-    (what a perfect grouped matmul does; capacity padding and XLA:CPU's dense lowering of ragged_dot show up as the
-    excess). all_to_all_bytes: payload of the compiled program's all-to-all ops. Routing statistics come from one
-    execution on random inputs (counts, not timings). Predictions: workbench.roofline.predict of the compiled costs
-    on each target chip (collectives over the chip's interconnect).
-    """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from flax import nnx
-    from jax.sharding import NamedSharding
-
-    from models import moe
-    from models.config import ModelConfig
-    from models.precision import get_policy
-    from partitioning.mesh import make_mesh
-    from partitioning.rules import get_rules
-    from partitioning.shard import activation_sharding, spec_for, state_shardings
-    from workbench.compile import compile_program
-    from workbench.hardware import get_spec
-    from workbench.roofline import predict
-
-    if tokens % seq:
-        raise WorkbenchError(f"--tokens {tokens} must be a multiple of --seq {seq}")
-    mesh = make_mesh(mesh_spec)
-    rules = get_rules(strategy)
-    ep = mesh.shape.get("expert", 1) if "experts" in rules.mapping and "expert" in rules.mesh_axes_for("experts") \
-        else 1
-    moe.check_routing_args(experts, top_k, capacity_factor, router, score, ep)
-    cfg = ModelConfig(n_layers=1, d_model=d_model, n_heads=1, d_ff=d_ff, n_experts=experts, top_k=top_k,
-                      capacity_factor=capacity_factor, router=router, router_score=score, mlp=mlp, bias=False,
-                      aux_loss_coef=0.01, z_loss_coef=1e-3)
-    policy = get_policy("float32")
-    batch = tokens // seq
-    x_sh = NamedSharding(mesh, spec_for(("batch", "seq", "embed"), (batch, seq, d_model), mesh, rules, "activations"))
-
-    def build(skip: bool):
-        def make():
-            blk = moe.MoEBlock(cfg, policy, rngs=nnx.Rngs(seed))
-            if skip:
-                blk.opt = __import__("dataclasses").replace(blk.opt, skip_experts=True)
-            return blk
-
-        abs_blk = nnx.eval_shape(make)
-        graphdef, abs_state = nnx.split(abs_blk)
-        shardings = state_shardings(abs_state, mesh, rules)
-
-        def fwd(state, x):
-            with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                blk = nnx.merge(graphdef, state)
-                y, aux = blk(x)
-                return y, aux
-
-        def fwd_bwd(state, x):
-            def loss(state):
-                y, aux = fwd(state, x)
-                return jnp.mean(y.astype(jnp.float32) ** 2) + aux["loss"], aux
-            (_, aux), g = jax.value_and_grad(loss, has_aux=True)(state)
-            return g, aux
-
-        fn = jax.jit(fwd_bwd if backward else fwd, in_shardings=(shardings, x_sh))
-        abs_args = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
-                                 shardings), jax.ShapeDtypeStruct((batch, seq, d_model), jnp.float32, sharding=x_sh))
-        return make, fn, abs_args, shardings
-
-    make, fn, abs_args, shardings = build(False)
-    comp = compile_program(fn, *abs_args, mesh=mesh, analytic=False)
-    comp_route = compile_program(build(True)[1], *build(True)[2], mesh=mesh, analytic=False)
-    cost, cost_r = comp.cost, comp_route.cost
-    mult = 3 if backward else 1  # backward of a matmul: two matmuls of the same size
-    useful = mult * 2.0 * tokens * top_k * d_model * d_ff * _expert_mats(mlp) / mesh.size
-    if router == "expert-choice":  # every slot holds a real token: E·C rows per routing group
-        groups = int(np.prod([mesh.shape[a] for a in mesh.axis_names if a != "model"])) if ep > 1 else 1
-        c = moe.expert_capacity(tokens // groups, experts, top_k, capacity_factor)
-        useful = mult * 2.0 * groups * experts * c * d_model * d_ff * _expert_mats(mlp) / mesh.size
-    # routing statistics from one execution (not timed)
-    blk = make()
-    state = jax.device_put(nnx.state(blk), shardings)
-    x = jax.device_put(jax.random.normal(jax.random.key(seed + 1), (batch, seq, d_model), jnp.float32), x_sh)
-    out = comp.compiled(state, x)
-    aux = {k: float(v) for k, v in out[1].items()}
-    by_kind = cost.collectives_by_kind()
-    a2a = by_kind.get("all-to-all", {"count": 0, "bytes": 0.0})
-    preds = {}
-    for t in targets:
-        spec = get_spec(t)
-        p = predict(cost, spec, dtype="bfloat16")
-        preds[spec.name] = {"predicted_s": p.predicted_s, "compute_s": p.compute_s, "memory_s": p.memory_s,
-                            "comm_s": p.comm_s, "bound": p.bound, "comm_by_kind_s": p.comm_by_kind_s}
-    result = {
-        "tokens": tokens, "seq": seq, "d_model": d_model, "d_ff": d_ff, "experts": experts, "top_k": top_k,
-        "capacity_factor": capacity_factor, "router": router, "score": score, "mlp": mlp,
-        "mesh": dict(mesh.shape), "strategy": strategy, "expert_parallel_degree": ep,
-        "program": "forward+backward" if backward else "forward", "n_devices": mesh.size,
-        "flops_total_per_device": cost.flops,
-        "flops_routing_dispatch_per_device": cost_r.flops,
-        "flops_experts_per_device": cost.flops - cost_r.flops,
-        "flops_experts_useful_per_device": useful,
-        "expert_flops_efficiency": useful / (cost.flops - cost_r.flops) if cost.flops > cost_r.flops else None,
-        "all_to_all_bytes_per_device": a2a["bytes"], "all_to_all_count": a2a["count"],
-        "collectives_per_device": cost.collectives_by_kind_and_axis(),
-        "peak_memory_bytes_per_device": cost.peak_memory_bytes,
-        "predictions": preds,
-        "prediction_note": ("costs compiled by XLA:CPU for simulated devices, priced on each chip; XLA:CPU lowers "
-                            "ragged_dot to a dense matmul over all experts, so dropless expert flops are E/k too high "
-                            "here (compile for a TPU topology with `workbench predict` for the TPU compiler's count)"),
-        **{k: aux[k] for k in ("dropped_fraction", "load_max_over_mean", "router_entropy", "lb_loss", "z_loss")},
-        "compile_s": comp.compile_s,
-    }
-    if measure:
-        from workbench.measure import measure as _measure
-
-        m = _measure(comp.compiled, state, x, warmup=2, repeats=10, compile_s=comp.compile_s)
-        result["measured"] = m.to_dict()
-    return result, cost
+from workbench.hardware.devices import default_platform, request_devices
+from workbench.results.console import emit_json, print_table
+from workbench.results.store import Store, make_record
 
 
 def register(app: typer.Typer) -> None:
@@ -219,7 +35,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON to stdout"),
     ):
         """Route synthetic logits; print dropped fraction, per-expert load, aux losses, entropy."""
-        from workbench.devices import default_platform
+        from workbench.programs.moe import route_stats
 
         positive_int("--tokens", tokens)
         positive_int("--experts", experts)
@@ -260,7 +76,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ):
         """Compile one MoE layer on a mesh: flops of routing/dispatch vs experts, all-to-all bytes, predictions."""
-        from workbench.devices import request_devices
+        from workbench.programs.moe import layer_costs
 
         request_devices(positive_int("--devices", devices))
         cf = None if dropless else capacity_factor
@@ -269,8 +85,6 @@ def register(app: typer.Typer) -> None:
                                 strategy=strategy, backward=backward,
                                 targets=[t for t in targets.split(",") if t], measure=do_measure)
         if record:
-            from workbench.results import Store, make_record
-
             spec = {k: out[k] for k in ("tokens", "seq", "d_model", "d_ff", "experts", "top_k", "capacity_factor",
                                         "router", "score", "mlp", "mesh", "strategy", "program")}
             rec = Store().append(make_record("moe_layer", spec, cost, None, None, extra=out))

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from workbench.commands._common import _stderr_console, emit_json, fmt
+from workbench.errors import positive_int
+from workbench.results.console import emit_json, fmt, stderr_console
 
 
 def table(rows: list[dict], title: str) -> None:
@@ -50,19 +51,21 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Compile every candidate partitioning for the target, drop what does not fit, rank by predicted step."""
-        from workbench.commands.predict import setup_target_devices
-        from workbench.errors import positive_int
-
-        tgt = setup_target_devices(target, gpu_compiler)
-        if workers is not None:
-            positive_int("--workers", workers)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from workbench.plan import plan
+        from workbench.commands.predict import check_inputs, setup_target_devices
 
         strats = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
+        check_inputs(policy=policy, strategies=strats or (), batch=batch, seq=seq)
+        positive_int("--max-candidates", max_candidates)
+        positive_int("--top", top)
+        if workers is not None:
+            positive_int("--workers", workers)
+        tgt = setup_target_devices(target, gpu_compiler)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from workbench.programs.plan import plan
+
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=_stderr_console(), transient=True) as prog:
+                      TimeElapsedColumn(), console=stderr_console(), transient=True) as prog:
             task = prog.add_task(f"planning {preset} on {tgt.name}", total=None)
 
             def on_progress(done, total, msg):

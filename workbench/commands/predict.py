@@ -9,14 +9,15 @@ from typing import Optional
 
 import typer
 
-from workbench.commands._common import _stderr_console, emit_json, fmt, print_table
+from workbench.errors import positive_int
+from workbench.hardware.devices import default_platform, request_devices
+from workbench.results.console import emit_json, fmt, print_table, stderr_console
 
 
 def setup_target_devices(target_text: str, gpu_compiler: str = "auto"):
     """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
     that many CPU devices)."""
     from partitioning.topology import gpu_compiler_for, parse_target
-    from workbench.devices import default_platform, request_devices
 
     target = parse_target(target_text)
     if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
@@ -24,6 +25,19 @@ def setup_target_devices(target_text: str, gpu_compiler: str = "auto"):
     else:
         default_platform()
     return target
+
+
+def check_inputs(*, policy: str, strategies=(), batch=None, seq=None, microbatches=None) -> None:
+    """One-line errors for a predict/plan spec's own inputs, before any target device is built."""
+    from models.precision import get_policy
+    from partitioning.strategy import get_strategy
+
+    get_policy(policy)
+    for s in strategies:
+        get_strategy(s)
+    for name, v in (("--batch", batch), ("--seq", seq), ("--microbatches", microbatches)):
+        if v is not None:
+            positive_int(name, v)
 
 
 def summary_rows(r: dict) -> list[dict]:
@@ -81,13 +95,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
+        check_inputs(policy=policy, strategies=[strategy], batch=batch, seq=seq, microbatches=microbatches)
         tgt = setup_target_devices(target, gpu_compiler)
-        from workbench.predict import PredictSpec, predict
+        from workbench.programs.predict import PredictSpec, predict
 
         spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
                            mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
                            gpu_compiler=gpu_compiler)
-        con = _stderr_console()
+        con = stderr_console()
         with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
             r = predict(spec, compile_anyway=compile_anyway)
         if as_json:

@@ -5,6 +5,10 @@ from typing import Optional
 
 import typer
 
+from workbench.errors import WorkbenchError
+from workbench.results.console import emit_json, print_table
+from workbench.results.store import Store
+
 
 def register(app: typer.Typer) -> None:
     res = typer.Typer(help="The results store (append-only JSON Lines).", no_args_is_help=True)
@@ -15,8 +19,6 @@ def register(app: typer.Typer) -> None:
                  last: int = typer.Option(20, help="show the last N"),
                  json_out: bool = typer.Option(False, "--json")):
         """The latest records, one line each."""
-        from workbench.commands._common import emit_json, print_table
-        from workbench.results import Store
 
         recs = Store().records(kind)[-last:]
         rows = [{"id": r["id"], "kind": r["kind"], "time": r["provenance"]["time"],
@@ -28,9 +30,6 @@ def register(app: typer.Typer) -> None:
     @res.command("show")
     def show_cmd(record_id: str):
         """One record, whole, as JSON."""
-        from workbench.commands._common import emit_json
-        from workbench.errors import WorkbenchError
-        from workbench.results import Store
 
         for r in Store().records():
             if r["id"].startswith(record_id):
@@ -41,6 +40,5 @@ def register(app: typer.Typer) -> None:
     @res.command("path")
     def path_cmd():
         """Where records are written ($WORKBENCH_RESULTS, default ./results)."""
-        from workbench.results import Store
 
         print(Store().path)

@@ -5,6 +5,12 @@ from typing import Optional
 
 import typer
 
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import request_devices
+from workbench.hardware.spec import resolve_name
+from workbench.programs.ops import build
+from workbench.results.console import emit_json, print_table
+
 
 def register(app: typer.Typer) -> None:
     @app.command("roofline")
@@ -25,12 +31,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Compile a built-in op; predict it on the host (and measure it) or on a catalogue chip."""
-        from workbench.commands._common import emit_json, print_table
-        from workbench.devices import request_devices
-        from workbench.errors import WorkbenchError
-        from workbench.experiment import run_program, summary
-        from workbench.hardware import resolve_name
-        from workbench.ops import build
+        from workbench.programs.experiment import run_program, summary
 
         if repeats < 1:
             raise WorkbenchError(f"--repeats must be >= 1, got {repeats}")

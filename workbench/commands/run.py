@@ -9,6 +9,13 @@ from typing import Optional
 
 import typer
 
+from models.presets import get_config
+from workbench.errors import positive_int
+from workbench.hardware.devices import request_devices
+from workbench.results.console import emit_json, print_table
+from workbench.results.store import Store, make_record
+from workbench.results.waterfall import attach_waterfall
+
 SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
                 "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
                 "collectives", "params_total", "compile_s", "hardware")
@@ -41,30 +48,26 @@ def register(app: typer.Typer) -> None:
                                      "reports/run-<record>/waterfall.png, MFU in both attention conventions"),
     ):
         """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
-        from workbench.devices import request_devices
-        from workbench.errors import positive_int
 
         steps = positive_int("--steps", steps)
         batch = positive_int("--batch", batch)
         microbatches = positive_int("--microbatches", microbatches)
         n = request_devices(devices)  # before anything touches jax devices
 
-        from models.presets import get_config
         from partitioning.mesh import make_mesh
-        from workbench.commands._common import emit_json, print_table
-        from workbench.results import Store, make_record
-        from workbench.train import train_model
+        from workbench.programs.train import train_model
 
         cfg = get_config(preset, overrides)
         m = make_mesh(mesh or f"data={n}")
-        r = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
-                        seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
-                        progress=True, profile_steps=2 if profile else 0, explain=explain)
+        result = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
+                             seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
+                             progress=True, profile_steps=2 if profile else 0, explain=explain)
+        r = result.to_record()
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed}
         extra = {k: v for k, v in r.items() if k not in ("cost", "prediction", "measurement")}
-        rec = make_record("train", spec, r["cost"], r["prediction"], r["measurement"], extra=extra, seed=seed)
+        rec = make_record("train", spec, result.cost, result.prediction, result.measurement, extra=extra, seed=seed)
         Store().append(rec)
         summary = {k: r[k] for k in SUMMARY_KEYS}
         summary.update(preset=preset, record_id=rec["id"],
@@ -77,8 +80,6 @@ def register(app: typer.Typer) -> None:
             fl = r["kernel_profile"]["dot_floor"]
             summary["dot_floor"] = {k: fl[k] for k in ("dot_s", "step_floor_s", "mfu_bound", "gflop", "rate")}
         if explain and r.get("waterfall"):
-            from workbench.commands.explain_view import attach_waterfall
-
             attach_waterfall(summary, r, rec["id"], print_it=not json_out)
         if json_out:
             emit_json(rec if full else summary)

@@ -1,0 +1,557 @@
+"""Read the optimized HLO text of a compiled program: its kernels (fusions and unfused ops) and its collectives.
+
+Counts are per device (the SPMD-partitioned module is the program one device runs). Instructions inside a `while`
+body are multiplied by the loop's known trip count (scanned layers), those in called computations by their callers.
+Per-fusion flops are estimated from the fused computation's ops: dot = 2·|out|·|contracting|, elementwise = |out|,
+transcendentals (exp, log, tanh, logistic, rsqrt, sqrt, power, sin, cos, erf, ...) counted apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import numpy as np
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5, "s2": 0.25, "u2": 0.25,
+               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
+               "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 0.5, "token": 0, "opaque": 0}
+HLO_TO_NUMPY = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "s32": "int32",
+                "s8": "int8", "u8": "uint8", "pred": "bool", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+                "s64": "int64", "u32": "uint32", "f4e2m1fn": "float4_e2m1fn"}
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+                    "collective-permute", "collective-broadcast")
+TRANSCENDENTAL_OPS = {"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic", "rsqrt",
+                      "sqrt", "cbrt", "power", "sine", "cosine", "tan", "atan2", "erf"}
+NO_COST_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+               "replica-id", "iota", "opt-barrier", "add-dependency"}
+ELEMENTWISE_FLOP_OPS = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs", "compare",
+                        "select", "clamp", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power",
+                        "sine", "cosine", "erf", "exponential-minus-one", "log-plus-one", "floor", "ceil",
+                        "round-nearest-even", "sign", "and", "or", "xor", "not", "remainder", "atan2", "cbrt"}
+
+_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+    dtype: str
+    dims: tuple[int, ...]
+
+    @property
+    def elements(self) -> int:
+        return int(np.prod(self.dims)) if self.dims else 1
+
+    @property
+    def bytes(self) -> float:
+        return self.elements * DTYPE_BYTES.get(self.dtype, 4)
+
+    def __str__(self):
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """All array shapes in a type string (a tuple gives several)."""
+    out = []
+    for dt, dims in _SHAPE_RE.findall(text):
+        if dt in DTYPE_BYTES:
+            out.append(Shape(dt, tuple(int(d) for d in dims.split(",") if d)))
+    return out
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    type_str: str
+    opcode: str
+    operands: list[str]
+    attrs: str
+    is_root: bool
+    raw_operands: str = ""
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return parse_shapes(self.type_str)
+
+    @property
+    def out_bytes(self) -> float:
+        return sum(s.bytes for s in self.shapes)
+
+
+def _match_paren(s: str, i: int) -> int:
+    """Index just past the bracket group that opens at s[i]."""
+    open_c = s[i]
+    close_c = {"(": ")", "{": "}", "[": "]"}[open_c]
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == open_c:
+            depth += 1
+        elif s[j] == close_c:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(s)
+
+
+_INSTR_HEAD = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+
+
+def _parse_instr(line: str) -> Instr | None:
+    m = _INSTR_HEAD.match(line)
+    if not m:
+        return None
+    rest = line[m.end():]
+    if rest.startswith("("):
+        j = _match_paren(rest, 0)
+        type_str, rest = rest[:j], rest[j:].lstrip()
+    else:
+        sp = rest.find(" ")
+        if sp < 0:
+            return None
+        type_str, rest = rest[:sp], rest[sp + 1:]
+    k = rest.find("(")
+    if k < 0:
+        return None
+    opcode = rest[:k].strip()
+    j = _match_paren(rest, k)
+    operand_str = rest[k + 1:j - 1]
+    operands = re.findall(r"%([\w.\-]+)", operand_str)
+    return Instr(m.group(2), type_str, opcode, operands, rest[j:], bool(m.group(1)), operand_str)
+
+
+@dataclasses.dataclass
+class Module:
+    computations: dict[str, list[Instr]]
+    entry: str
+
+    def by_name(self) -> dict[str, Instr]:
+        return {i.name: i for instrs in self.computations.values() for i in instrs}
+
+
+def parse_module(text: str) -> Module:
+    comps: dict[str, list[Instr]] = {}
+    entry = ""
+    cur = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("//"):
+            continue
+        if s.endswith("{") and ("->" in s or s.startswith("ENTRY") or s.startswith("%")) and " = " not in s.split("(")[0]:
+            is_entry = s.startswith("ENTRY")
+            name = s.split()[1] if is_entry else s.split()[0]
+            name = name.lstrip("%").split("(")[0]
+            cur = name
+            comps[cur] = []
+            if is_entry:
+                entry = cur
+            continue
+        if s == "}":
+            cur = None
+            continue
+        if cur is not None:
+            ins = _parse_instr(s)
+            if ins:
+                comps[cur].append(ins)
+    return Module(comps, entry)
+
+
+def attr(attrs: str, key: str) -> str | None:
+    """The value of `key=` in an HLO instruction's attribute text (a balanced {...} or one token), or None."""
+    m = re.search(rf"\b{key}=", attrs)
+    if not m:
+        return None
+    i = m.end()
+    if key == "replica_groups" and attrs.startswith("mesh[", i):
+        mm = _MESH_GROUPS.match(attrs, i)
+        return mm.group(0) if mm else None
+    if key == "replica_groups" and attrs.startswith("[", i):
+        mm = re.compile(r"\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?").match(attrs, i)
+        return mm.group(0) if mm else None
+    if i < len(attrs) and attrs[i] in "{[(":
+        return attrs[i:_match_paren(attrs, i)]
+    m2 = re.match(r"[^,\s]+", attrs[i:])
+    return m2.group(0) if m2 else None
+
+
+def _trip_count(attrs: str) -> int:
+    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', attrs)
+    return int(m.group(1)) if m else 1
+
+
+def _multiplicities(mod: Module) -> dict[str, int]:
+    """How many times each (non-fused) computation runs per program execution."""
+    mult = {mod.entry: 1}
+    order = [mod.entry]
+    seen = set()
+    while order:
+        c = order.pop(0)
+        if c in seen:
+            continue
+        seen.add(c)
+        for ins in mod.computations.get(c, []):
+            if ins.opcode == "while":
+                n = _trip_count(ins.attrs)
+                for key in ("body", "condition"):
+                    callee = (attr(ins.attrs, key) or "").lstrip("%")
+                    if callee in mod.computations:
+                        mult[callee] = mult.get(callee, 0) + mult[c] * n
+                        order.append(callee)
+            elif ins.opcode in ("call", "conditional", "async-start"):
+                for key in ("to_apply", "calls", "branch_computations", "true_computation", "false_computation"):
+                    v = attr(ins.attrs, key)
+                    if not v:
+                        continue
+                    for callee in re.findall(r"%?([\w.\-]+)", v):
+                        if callee in mod.computations:
+                            mult[callee] = mult.get(callee, 0) + mult[c]
+                            order.append(callee)
+    return mult
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelCost:
+    """One kernel of the per-device program: a fusion or an unfused op (per execution; `count` executions)."""
+
+    name: str
+    kind: str  # kLoop | kInput | kOutput | kCustom | the opcode of an unfused op
+    output_shape: str
+    bytes_in: float
+    bytes_out: float
+    flops: float
+    transcendentals: float
+    count: int = 1
+    dot_flops: float = 0.0  # of `flops`, those in dots/convolutions
+    dot_size: float = 0.0  # cube root of m·n·k of the largest dot (per batch element); 0 without dots
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_in + self.bytes_out
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveOp:
+    """One collective of the per-device program. payload_bytes: the full array the collective acts on within one
+    group (all-gather: the gathered result; reduce-scatter: the input before scattering; all-reduce, all-to-all,
+    collective-permute: the operand)."""
+
+    name: str
+    kind: str  # one of COLLECTIVE_KINDS
+    dtype: str
+    payload_bytes: float
+    group_size: int
+    n_groups: int
+    is_async: bool
+    count: int = 1
+    groups: tuple[tuple[int, ...], ...] = ()
+    mesh_axes: tuple[str, ...] = ()
+
+
+def _dims(attrs: str, key: str) -> tuple[int, ...]:
+    """The integers of a dimension-list attribute (lhs_contracting_dims={1,2} -> (1, 2)); () when absent."""
+    return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
+
+
+def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
+    """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
+    root of m·n·k per batch element: what decides how close a matmul library gets to peak."""
+    flops = trans = dot_flops = dot_size = 0.0
+    for ins in instrs:
+        out = ins.shapes
+        n = out[0].elements if out else 0
+        if ins.opcode in ("dot", "convolution"):
+            k = 1
+            batch = 1
+            if ins.opcode == "dot":
+                lhs = shapes.get(ins.operands[0]) if ins.operands else None
+                if lhs is not None:
+                    k = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims")]))
+                    batch = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_batch_dims")]))
+            else:
+                # 2·|out|·(kernel elements per output feature); dim_labels lhs_rhs->out, e.g. 0bf_oi0->0bf (TPU dots)
+                rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
+                if rhs is not None and rhs.dims:
+                    labels = attr(ins.attrs, "dim_labels") or ""
+                    rl = labels.split("_", 1)[1].split("->")[0] if "_" in labels else ""
+                    o = rl.index("o") if "o" in rl and len(rl) == len(rhs.dims) else len(rhs.dims) - 1
+                    k = int(np.prod(rhs.dims)) // max(rhs.dims[o], 1)
+            flops += 2.0 * n * k
+            dot_flops += 2.0 * n * k
+            dot_size = max(dot_size, (max(n // max(batch, 1), 1) * k) ** (1.0 / 3.0))
+        elif ins.opcode in ELEMENTWISE_FLOP_OPS:
+            flops += n
+            if ins.opcode in TRANSCENDENTAL_OPS:
+                trans += n
+        elif ins.opcode == "reduce" and ins.operands:
+            src = shapes.get(ins.operands[0])
+            flops += src.elements if src else 0
+    return flops, trans, dot_flops, dot_size
+
+
+def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
+                    shapes: dict[str, Shape]) -> tuple[float, float]:
+    """Bytes a fusion really moves when it slices its operands or updates a buffer in place: a parameter read only
+    through dynamic-slice costs the slices; a root dynamic-update-slice writes only the update (the buffer aliases
+    the output)."""
+    params = {}
+    for i in body:
+        if i.opcode == "parameter":
+            mnum = re.match(r"\s*(\d+)", i.raw_operands)
+            idx = int(mnum.group(1)) if mnum else None
+            params[i.name] = idx
+    users: dict[str, list[Instr]] = {}
+    for i in body:
+        for o in i.operands:
+            users.setdefault(o, []).append(i)
+    by = list(operand_bytes)
+    for name, idx in params.items():
+        if idx is None or idx >= len(by):
+            continue
+        us = users.get(name, [])
+        if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == name for u in us):
+            by[idx] = sum(u.out_bytes for u in us)
+    root = next((i for i in body if i.is_root), None)
+    if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+        buf, upd = root.operands[0], root.operands[1]
+        if buf in params and params[buf] is not None and params[buf] < len(by):
+            by[params[buf]] = 0.0  # aliased in place
+        upd_bytes = shapes[upd].bytes if upd in shapes else out_bytes
+        return sum(by), upd_bytes
+    return sum(by), out_bytes
+
+
+def _array_shapes(mod: Module) -> dict[str, Shape]:
+    """Instruction name -> its shape, for every instruction that yields one array."""
+    shapes: dict[str, Shape] = {}
+    for instrs in mod.computations.values():
+        for i in instrs:
+            ss = i.shapes
+            if len(ss) == 1:
+                shapes[i.name] = ss[0]
+    return shapes
+
+
+def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
+    """Every kernel (fusion or unfused op) the device runs, with bytes in/out and estimated flops."""
+    mod = mod or parse_module(text)
+    mult = _multiplicities(mod)
+    shapes = _array_shapes(mod)
+    by_name = mod.by_name()
+    out = []
+    for comp, m in mult.items():
+        for ins in mod.computations.get(comp, []):
+            op = ins.opcode
+            if op in NO_COST_OPS or op in ("while", "call", "conditional") or op.endswith("-done"):
+                continue
+            if any(op.startswith(c) for c in COLLECTIVE_KINDS):
+                continue
+            operand_bytes = [by_name[o].out_bytes if o in by_name else 0.0 for o in ins.operands]
+            bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
+            shp = ins.shapes
+            if op == "fusion":
+                kind = (attr(ins.attrs, "kind") or "fusion")
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
+                body = mod.computations.get(callee, [])
+                flops, trans, dflops, dsize = _computation_cost(body, shapes)
+                bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
+            else:
+                kind = op
+                flops, trans, dflops, dsize = _computation_cost([ins], shapes)
+                if op == "dynamic-update-slice" and len(operand_bytes) > 1:
+                    # in place: reads and writes the update, not the whole buffer
+                    bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
+                elif op == "dynamic-slice":
+                    bytes_in = bytes_out + sum(operand_bytes[1:])
+            out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
+                                  bytes_out, flops, trans, m, dflops, dsize))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DotOp:
+    """One dot of the per-device program, with the operand shapes it multiplies and how often it runs per execution."""
+
+    name: str
+    lhs: Shape
+    rhs: Shape
+    out: Shape
+    lhs_contracting: tuple[int, ...]
+    rhs_contracting: tuple[int, ...]
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        """2·|out|·|contracting| per execution."""
+        return 2.0 * self.out.elements * int(np.prod([self.lhs.dims[d] for d in self.lhs_contracting]))
+
+    @property
+    def signature(self) -> tuple:
+        """What decides the kernel: shapes, dtypes and dimension numbers (not the name or the count)."""
+        return (self.lhs, self.rhs, self.out.dtype, self.lhs_contracting, self.rhs_contracting, self.lhs_batch,
+                self.rhs_batch)
+
+    def __str__(self):
+        b = f" batch={self.lhs_batch}/{self.rhs_batch}" if self.lhs_batch else ""
+        return f"{self.lhs}·{self.rhs} c={self.lhs_contracting}/{self.rhs_contracting}{b} -> {self.out}"
+
+
+def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
+    """Every dot the device runs (unfused, or inside a fusion), with its operand shapes and executions per run."""
+    mod = mod or parse_module(text)
+    mult = _multiplicities(mod)
+    shapes = _array_shapes(mod)
+
+    def dots_in(body: list[Instr], count: int, depth: int = 0) -> list[DotOp]:
+        found = []
+        for ins in body:
+            if ins.opcode == "dot" and len(ins.operands) >= 2 and ins.shapes:
+                lhs, rhs = shapes.get(ins.operands[0]), shapes.get(ins.operands[1])
+                if lhs is None or rhs is None:
+                    continue
+                found.append(DotOp(ins.name, lhs, rhs, ins.shapes[0], _dims(ins.attrs, "lhs_contracting_dims"),
+                                   _dims(ins.attrs, "rhs_contracting_dims"), _dims(ins.attrs, "lhs_batch_dims"),
+                                   _dims(ins.attrs, "rhs_batch_dims"), count))
+            elif ins.opcode == "fusion" and depth < 4:
+                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
+                found += dots_in(mod.computations.get(callee, []), count, depth + 1)
+        return found
+
+    out = []
+    for comp, m in mult.items():
+        out += dots_in(mod.computations.get(comp, []), m)
+    return out
+
+
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?"
+                          r"(?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}")
+
+
+def _expand_mesh_groups(m: re.Match) -> tuple[tuple[int, ...], ...]:
+    """replica_groups=mesh['a'=2,'b'=4] {'a'}: groups run along the named axes of an iota device mesh."""
+    axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group(1))
+    names = [a for a, _ in axes]
+    sizes = [int(n) for _, n in axes]
+    ids = np.arange(int(np.prod(sizes)))
+    for dims_g, perm_g in ((2, 3), (4, 5)):  # `<=[dims]T(perm)` or `device_ids=([dims]T(perm))`
+        if m.group(dims_g):
+            ids = ids.reshape([int(x) for x in m.group(dims_g).split(",")])
+            if m.group(perm_g):
+                ids = ids.transpose([int(x) for x in m.group(perm_g).split(",")])
+            ids = ids.reshape(-1)
+    ids = ids.reshape(sizes)
+    group_axes = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(6))]
+    rest = [i for i in range(len(names)) if i not in group_axes]
+    gsize = int(np.prod([sizes[i] for i in group_axes])) if group_axes else 1
+    arr = np.transpose(ids, rest + group_axes).reshape(-1, gsize)
+    return tuple(tuple(int(x) for x in row) for row in arr)
+
+
+def _expand_groups(spec: str | None) -> tuple[tuple[int, ...], ...]:
+    if not spec:
+        return ()
+    spec = spec.strip()
+    mm = _MESH_GROUPS.match(spec)
+    if mm:
+        return _expand_mesh_groups(mm)
+    m = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", spec)
+    if m:
+        shape = [int(x) for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",")]
+        arr = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            arr = arr.transpose([int(x) for x in m.group(3).split(",")])
+        arr = arr.reshape(shape[0], -1) if len(shape) >= 1 else arr.reshape(1, -1)
+        return tuple(tuple(int(x) for x in row) for row in arr)
+    groups = re.findall(r"\{([\d,\s]*)\}", spec)
+    return tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups if g.strip())
+
+
+def mesh_axes_of_groups(groups, mesh) -> tuple[str, ...]:
+    """Which mesh axes a collective's replica groups span (device ids are positions in mesh.devices.flat order of
+    device ids). Empty when they match no axis subset."""
+    if mesh is None or not groups:
+        return ()
+    import itertools
+
+    ids = np.vectorize(lambda d: d.id)(mesh.devices) if mesh.devices.dtype == object else mesh.devices
+    names = list(mesh.axis_names)
+    target = {frozenset(g) for g in groups}
+
+    def groups_along():  # (axis indices, the device groups they form), smallest axis sets first
+        for r in range(1, len(names) + 1):
+            for axes in itertools.combinations(range(len(names)), r):
+                rest = [a for a in range(len(names)) if a not in axes]
+                arr = np.transpose(ids, rest + list(axes)).reshape(-1, int(np.prod([ids.shape[a] for a in axes])))
+                yield axes, [frozenset(int(x) for x in row) for row in arr]
+
+    for axes, rows in groups_along():
+        if set(rows) == target:
+            return tuple(names[a] for a in axes)
+    # groups inside one axis's groups but smaller (XLA split the axis): the smallest such axis set, marked "[part]"
+    for axes, rows in groups_along():
+        if all(any(g <= row for row in rows) for g in target if len(g) > 1):
+            return tuple(f"{names[a]}[part]" for a in axes)
+    return ()
+
+
+def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: Module | None = None
+                      ) -> list[CollectiveOp]:
+    """Every collective (sync and async forms; the -done halves are skipped) with payload bytes per device."""
+    mod = mod or parse_module(text)
+    mult = _multiplicities(mod)
+    by_name = mod.by_name()
+    out = []
+    for comp, m in mult.items():
+        for ins in mod.computations.get(comp, []):
+            op = ins.opcode
+            if op.endswith("-done") or op.endswith("-update"):
+                continue
+            kind = next((k for k in sorted(COLLECTIVE_KINDS, key=len, reverse=True)
+                         if op == k or op == k + "-start"), None)
+            if kind is None:
+                continue
+            is_async = op.endswith("-start")
+            operand_bytes = sum(by_name[o].out_bytes for o in ins.operands if o in by_name)
+            shapes = ins.shapes
+            if kind == "all-gather":
+                # async form's type is (operand, output): the gathered output is the last array
+                payload = shapes[-1].bytes if shapes else 0
+            elif kind == "collective-permute" and is_async:
+                payload = shapes[0].bytes if shapes else operand_bytes
+            elif kind == "all-reduce":
+                payload = sum(s.bytes for s in shapes) if not is_async else operand_bytes or sum(s.bytes for s in shapes)
+            else:
+                payload = operand_bytes or (shapes[0].bytes if shapes else 0)
+            dtype = shapes[0].dtype if shapes else "?"
+            if kind == "collective-permute":
+                pairs = attr(ins.attrs, "source_target_pairs")
+                groups = _expand_groups(pairs)
+                gsize, ngroups = 2, max(len(groups), 1)
+            else:
+                groups = _expand_groups(attr(ins.attrs, "replica_groups"))
+                if groups:
+                    gsize, ngroups = len(groups[0]), len(groups)
+                else:  # empty replica_groups: all devices in one group
+                    gsize, ngroups = (n_devices or 1), 1
+                    if n_devices:
+                        groups = (tuple(range(n_devices)),)
+            axes = mesh_axes_of_groups(groups, mesh)
+            if kind == "collective-permute" and axes:  # point-to-point pairs lie along these axes
+                axes = tuple(a if a.endswith("[part]") else f"{a}[part]" for a in axes) if len(groups) else axes
+            out.append(CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups,
+                                    is_async, m, groups if len(groups) <= 64 else (), axes))
+    return out
+
+
+def xla_flags_in(text: str) -> dict:
+    """Backend config strings are JSON; exposed for debugging."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}

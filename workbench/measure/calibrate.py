@@ -1,0 +1,506 @@
+"""Host calibration: what XLA achieves on this machine, beside what its cores could do on paper.
+
+Measured (through the one harness, workbench.measure.harness; median and IQR over repeats):
+- matmul FLOP/s for float32 and bfloat16 through XLA (square n³, random inputs);
+- streaming memory bandwidth: y = a·x + b over buffers far larger than the last-level cache, counting bytes read +
+  written;
+- special-function throughput (exp, tanh, log) through XLA: a chain of 2 dependent applications on an
+  in-cache array, results/s — on CPUs these bound many elementwise fusions before memory does.
+Derived (physical peak per dtype) from CPU features, documented in docs/hardware.md:
+    cores × SIMD lanes (avx512f: 16 f32, avx2: 8) × FMA pipes × 2 FLOP/FMA × clock
+    bfloat16: ×2 with avx512_bf16 (VDPBF16PS: two bf16 products per f32 lane); AMX (amx_bf16): 1024 FLOP/cycle/core
+The clock is the CPU's own report, never a measurement: sysfs cpufreq's maximum, else the maximum boost clock of a
+known part (KNOWN_PARTS, each with its source), else /proc/cpuinfo's `cpu MHz` (often only the nominal clock in a
+VM); `physical.derivation.clock_source` names which. A measurement above the physical peak is reported in `findings`
+(one-line statements), never folded into the peak. The streaming bandwidth is sampled several times across the
+calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with.
+Overrides: WORKBENCH_HOST_CLOCK_GHZ, WORKBENCH_HOST_FMA_PIPES, WORKBENCH_HOST_PEAK_<DTYPE> (FLOP/s).
+Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $WORKBENCH_CACHE_DIR
+(default ~/.cache/workbench); `workbench calibrate --force` re-measures.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from workbench.cost.hlo import parse_kernels
+from workbench.errors import WorkbenchError
+from workbench.hardware.hostmem import describe
+from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
+from workbench.hardware.spec import get_spec as catalogue_spec
+from workbench.measure.harness import measure, measure_steps, random_inputs
+
+CALIBRATION_VERSION = 9
+
+
+def cache_dir() -> str:
+    return os.environ.get("WORKBENCH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "workbench"))
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if ":" in line:
+                    k, v = line.split(":", 1)
+                    info.setdefault(k.strip(), v.strip())
+    except OSError:
+        pass
+    return info
+
+
+def _meminfo_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _llc_bytes() -> int:
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in os.listdir(base):
+            try:
+                with open(os.path.join(base, idx, "size")) as f:
+                    s = f.read().strip()
+                mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(s[-1], 1)
+                best = max(best, int(s.rstrip("KMG")) * mult)
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        pass
+    return best
+
+
+def cpu_features() -> dict[str, Any]:
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"model": info.get("model name", "unknown"), "vendor": info.get("vendor_id", ""),
+            "family": int(info.get("cpu family", "0") or 0), "model_number": int(info.get("model", "0") or 0),
+            "mhz": float(info.get("cpu MHz", "0") or 0), "max_mhz": _sysfs_max_mhz(),
+            "cores": cores, "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))),
+            "llc_bytes": _llc_bytes(), "mem_bytes": _meminfo_bytes()}
+
+
+def fma_pipes(feat: dict) -> tuple[int, str]:
+    """FMA pipes of the vector width used, per core, with the reason (not readable from cpuid)."""
+    env = os.environ.get("WORKBENCH_HOST_FMA_PIPES")
+    if env:
+        return int(env), "WORKBENCH_HOST_FMA_PIPES override"
+    v, fam = feat["vendor"], feat["family"]
+    if v == "AuthenticAMD":
+        if fam >= 26:
+            return 2, "AMD Zen 5 (family 1Ah): two 512-bit FMA pipes (AMD Zen 5 software optimization guide)"
+        if fam == 25 and "avx512f" in feat["flags"]:
+            return 1, "AMD Zen 4 (family 19h with AVX-512): AVX-512 executes as 2×256-bit, i.e. one 512-bit FMA per cycle"
+        if fam == 25:
+            return 2, "AMD Zen 3 (family 19h, no AVX-512): two 256-bit FMA pipes (AMD Zen 3 software optimization guide)"
+        return 2, "AMD Zen 2/3: two 256-bit FMA pipes"
+    if v == "GenuineIntel":
+        return 2, "Intel server cores with AVX-512: two FMA ports (ports 0 and 5)"
+    return 1, "unknown vendor: one FMA pipe assumed"
+
+
+# Maximum boost clocks of parts whose VMs report only the base clock (no cpufreq): (vendor, cpu family, model,
+# the base clock the OS reports in MHz) -> (part, max boost GHz, source). The boost clock bounds what any core can do.
+KNOWN_PARTS = {
+    ("AuthenticAMD", 0x17, 0x31, 2250): ("AMD EPYC 7B12 (Rome, Zen 2)", 3.3,
+                                         "Google Compute Engine CPU platforms table (AMD EPYC Rome: base 2.25 GHz, "
+                                         "single-core max turbo 3.3 GHz), cloud.google.com/compute/docs/cpu-platforms"),
+    ("AuthenticAMD", 0x19, 0x01, 2450): ("AMD EPYC 7763 / 7B13 (Milan, Zen 3)", 3.5,
+                                         "AMD EPYC 7763 product page (base 2.45 GHz, max boost up to 3.5 GHz); Google "
+                                         "Compute Engine CPU platforms table (AMD EPYC Milan 7B13: base 2.45 GHz, "
+                                         "max turbo 3.5 GHz)"),
+}
+
+
+def _sysfs_max_mhz() -> float:
+    """cpufreq's cpuinfo_max_freq (kHz) of cpu0 in MHz; 0 where the kernel exposes no cpufreq (most VMs)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            return int(f.read().strip()) / 1000.0
+    except (OSError, ValueError):
+        return 0.0
+
+
+def host_clock(feat: dict) -> tuple[float, str, bool]:
+    """(GHz, its source, whether it is a maximum) from the CPU's own report, never from a measurement: the override
+    WORKBENCH_HOST_CLOCK_GHZ, sysfs cpufreq's maximum, the maximum boost of a known part, else /proc/cpuinfo's
+    `cpu MHz` (in a VM usually the base clock: the cores may boost above it)."""
+    env_clock = os.environ.get("WORKBENCH_HOST_CLOCK_GHZ")
+    if env_clock:
+        return float(env_clock), "WORKBENCH_HOST_CLOCK_GHZ override", True
+    if feat.get("max_mhz"):
+        return feat["max_mhz"] / 1000.0, "sysfs /sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", True
+    for (vendor, fam, model, base), (part, ghz, src) in KNOWN_PARTS.items():
+        if (feat.get("vendor") == vendor and feat.get("family") == fam and feat.get("model_number") == model
+                and abs(feat.get("mhz", 0) - base) <= 60):
+            return ghz, (f"maximum boost of the {part} (family {fam:#x}, model {model:#x}, reported base "
+                         f"{feat['mhz']:.0f} MHz): {src}"), True
+    return (feat.get("mhz", 0) / 1000.0, "/proc/cpuinfo 'cpu MHz' (the clock the OS reports, often the base clock in "
+            "a VM; boost clocks may be higher and this part is not in the table of known parts)", False)
+
+
+def physical_peaks(feat: dict) -> dict[str, Any]:
+    """Peak FLOP/s from CPU features with the derivation written out; the clock from host_clock (never derived from
+    a measurement: a measurement above this peak is a finding, see peak_findings)."""
+    flags = set(feat["flags"])
+    ghz, clock_source, is_max = host_clock(feat)
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags or "avx" in flags else 4
+    pipes, why = fma_pipes(feat)
+    f32 = feat["cores"] * lanes * pipes * 2 * ghz * 1e9
+    bf16_per_cycle = lanes * pipes * 2 * (2 if "avx512_bf16" in flags else 1)
+    bf16_src = "avx512_bf16 VDPBF16PS (2 bf16 products per f32 lane)" if "avx512_bf16" in flags else "as float32"
+    if "amx_bf16" in flags:
+        bf16_per_cycle = 1024
+        bf16_src = "AMX-BF16 tile multiply: 1024 FLOP/cycle/core (Intel optimization manual)"
+    bf16 = feat["cores"] * bf16_per_cycle * ghz * 1e9
+    peaks = {"float32": f32, "bfloat16": bf16}
+    for dt in list(peaks):
+        o = os.environ.get(f"WORKBENCH_HOST_PEAK_{dt.upper()}")
+        if o:
+            peaks[dt] = float(o)
+    return {"peak_flops": peaks, "derivation": {
+        "cores": feat["cores"], "clock_ghz": ghz, "clock_is_maximum": is_max, "f32_lanes": lanes, "fma_pipes": pipes,
+        "fma_pipes_why": why,
+        "float32": f"{feat['cores']} cores × {lanes} lanes × {pipes} FMA pipes × 2 × {ghz:.3f} GHz",
+        "bfloat16": f"{feat['cores']} cores × {bf16_per_cycle} FLOP/cycle ({bf16_src}) × {ghz:.3f} GHz",
+        "clock_source": clock_source}}
+
+
+def peak_findings(cal: dict) -> list[str]:
+    """One-line statements about measurements the physical peak does not cover (and why that can happen)."""
+    out = []
+    phys = cal["physical"]["peak_flops"]
+    der = cal["physical"]["derivation"]
+    rates = [(f"{dt} {v['n']}³ matmul", dt, v.get("flops_per_s_best", v["flops_per_s"]))
+             for dt, v in cal.get("matmul", {}).items()]
+    rates += [(f"float32 {r['n']}³ matmul (rate curve)", "float32", r["flops_per_s"])
+              for r in cal.get("matmul_curve", [])]
+    for what, dt, rate in rates:
+        peak = phys.get(dt)
+        if peak and rate > peak * 1.001:
+            out.append(f"measured {what} {rate / 1e9:.0f} GFLOP/s exceeds the physical {dt} peak {peak / 1e9:.0f} "
+                       f"GFLOP/s ({der[dt] if dt in der else der['float32']}; clock: {der['clock_source'][:60]}): the "
+                       "clock, FMA-pipe count or core count of the derivation is wrong for this host")
+    if not der.get("clock_is_maximum"):
+        out.append(f"the physical peak uses the OS-reported clock {der['clock_ghz']:.2f} GHz, not a known maximum: "
+                   "boosting cores can exceed it")
+    return out
+
+def fingerprint(feat: dict) -> str:
+    import jax
+
+
+    key = json.dumps({"model": feat["model"], "flags": feat["flags"], "cores": feat["cores"],
+                      "mem": feat["mem_bytes"], "jax": jax.__version__, "v": CALIBRATION_VERSION,
+                      "allocator": describe()}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _cache_path(fp: str) -> str:
+    return os.path.join(cache_dir(), f"host-{fp}.json")
+
+
+def _say(msg: str, quiet: bool):
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
+    """Measure the host's ceilings (about 10–30 s; quick=True uses small sizes, for tests)."""
+    import jax
+    import jax.numpy as jnp
+
+
+    feat = cpu_features()
+    reps = 5 if quick else 9
+    out: dict[str, Any] = {"cpu": feat, "physical": physical_peaks(feat), "quick": quick,
+                           "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                           "jax": jax.__version__, "backend": jax.default_backend(),
+                           "devices": len(jax.devices()), "findings": []}
+    dev = jax.devices()[0]
+    llc = feat["llc_bytes"] or 32 * 2**20
+    nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
+    nel = nbytes // 4
+    # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
+    sf = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
+    stream_samples = [_stream_sample(sf, nel, dev, reps, quiet, "start")[0]]
+    # matmuls
+    n = 512 if quick else 2048
+    mm = {}
+    for dt in ("float32", "bfloat16"):
+        _say(f"calibrate: {dt} matmul {n}³ through XLA", quiet)
+        a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
+        f = jax.jit(lambda x, y: x @ y)
+        x, y = random_inputs((a, a), seed=1)
+        x, y = jax.device_put(x, dev), jax.device_put(y, dev)
+        c = f.lower(x, y).compile()
+        m = measure(c, x, y, warmup=2, repeats=reps)
+        fl = 2.0 * n**3
+        mm[dt] = {"n": n, "flops_per_s": fl / m.median_s, "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2,
+                  "flops_per_s_best": fl / m.min_s, "spread": m.spread, "wide_spread": m.wide_spread}
+    out["matmul"] = mm
+    # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak
+    curve = []
+    for cn in ((128, 256, 512) if quick else (128, 256, 512, 1024, 4096)):
+        _say(f"calibrate: float32 matmul {cn}³ (rate against size)", quiet)
+        a = jax.ShapeDtypeStruct((cn, cn), jnp.float32)
+        x, y = random_inputs((a, a), seed=5)
+        c = jax.jit(lambda p, q: p @ q).lower(x, y).compile()
+        m = measure(c, x, y, warmup=2, repeats=reps)
+        curve.append({"n": cn, "flops_per_s": 2.0 * cn**3 / m.median_s, "spread": m.spread})
+    curve.append({"n": mm["float32"]["n"], "flops_per_s": mm["float32"]["flops_per_s"],
+                  "spread": mm["float32"]["spread"]})
+    out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
+    # streaming bandwidth, buffers far larger than the last-level cache (second sample, kept for first touch)
+    bw_mid, m, state = _stream_sample(sf, nel, dev, reps, quiet, "middle")
+    stream_samples.append(bw_mid)
+    traffic = 2.0 * nel * 4
+    out["stream"] = {"buffer_bytes": nel * 4, "bytes_per_s": traffic / m.median_s,
+                     "bytes_per_s_iqr": traffic * m.iqr_s / m.median_s**2, "bytes_per_s_best": traffic / m.min_s,
+                     "counted": "bytes read + bytes written", "spread": m.spread}
+    # the same kernel over a buffer that stays in the last-level cache
+    nel_c = max(llc // 4 // 4, 1 << 14)
+    state_c = {"x": jax.device_put(jax.random.normal(jax.random.key(4), (nel_c,), jnp.float32), dev)}
+
+    def step_c(i):
+        state_c["x"] = sf(state_c["x"])
+        return state_c["x"]
+
+    _say(f"calibrate: in-cache bandwidth over {nel_c * 4 / 2**20:.0f} MiB", quiet)
+    mc = measure_steps(step_c, warmup=3, repeats=reps, guard=sf)
+    out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": 2.0 * nel_c * 4 / mc.median_s,
+                           "spread": mc.spread, "counted": "bytes read + bytes written"}
+    state_c.clear()
+    _say("calibrate: first-touch cost of fresh large outputs (same kernel, new output buffer each call)", quiet)
+    xs = state.pop("x")
+    fresh = jax.jit(lambda x: x * 1.0001 + 0.5).lower(xs).compile()
+    mf = measure(fresh, xs, warmup=1, repeats=max(3, reps // 2))
+    extra = max(mf.median_s - m.median_s, 1e-9)
+    out["first_touch"] = {"bytes_per_s": nel * 4 / extra, "fresh_call_s": mf.median_s, "reused_call_s": m.median_s,
+                          "why": "buffers above glibc's mmap threshold (32 MiB) are mapped fresh on every call, "
+                                 "so each new output page is faulted in and zeroed by the kernel"}
+    del xs
+    # special functions: a dependent chain on an in-cache array
+    depth = 2  # deeper chains spill: 8-deep ran at half the per-op rate of a softmax here
+    nel_t = min(1 << 20, max(llc // 16, 1 << 16))
+    chains = {"exp": lambda y: jnp.exp(-y), "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}
+    xt = jax.device_put(jax.random.uniform(jax.random.key(3), (nel_t,), jnp.float32, 0.1, 1.0), dev)
+    tr = {}
+    for name, op in chains.items():
+        _say(f"calibrate: {name} throughput ({depth}-deep chain over {nel_t} in-cache floats)", quiet)
+
+        def chain(y, op=op):
+            for _ in range(depth):
+                y = op(y)
+            return y
+
+        c = jax.jit(chain).lower(xt).compile()
+        m = measure(c, xt, warmup=2, repeats=reps)
+        tr[name] = {"per_s": depth * nel_t / m.median_s, "spread": m.spread, "elements": nel_t, "depth": depth}
+    out["transcendentals"] = tr
+    # fixed cost of one call: a compiled program that does almost nothing (dispatch, argument handling, sync)
+    _say("calibrate: per-call overhead (a one-element program)", quiet)
+    one = jax.device_put(jnp.ones((1,), jnp.float32), dev)
+    c = jax.jit(lambda v: v + 1.0).lower(one).compile()
+    m = measure(c, one, warmup=3, repeats=reps)
+    out["call_overhead_s"] = m.median_s
+    _say("calibrate: per-kernel launch cost (chains of tiny dependent kernels)", quiet)
+    out["kernel_launch"] = measure_kernel_launch(dev, reps)
+    if not quick:
+        _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
+        out["rendezvous"] = measure_rendezvous(8, reps)
+    stream_samples.append(_stream_sample(sf, nel, dev, reps, quiet, "end")[0])
+    lo, hi = min(stream_samples), max(stream_samples)
+    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
+                         bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
+                         sampled="at the start, the middle and the end of the calibration; bytes_per_s is the median")
+    if hi > 1.15 * lo:
+        out["findings"].append(f"streaming bandwidth drifted {hi / lo - 1:.0%} across the calibration "
+                               f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
+    out["findings"] += peak_findings(out)
+    return out
+
+
+def _stream_sample(sf, nel: int, dev, reps: int, quiet: bool, when: str):
+    """(bytes/s, Measurement, state) of y = a·x + b over a fresh buffer of nel float32s, read + write counted. The
+    output reuses the input buffer (donation): fresh large allocations would add page-fault time, which is measured
+    apart as the first-touch rate."""
+    import jax
+    import jax.numpy as jnp
+
+    _say(f"calibrate: streaming bandwidth over {nel * 4 / 2**20:.0f} MiB buffers ({when})", quiet)
+    state = {"x": jax.device_put(jax.random.normal(jax.random.key(2), (nel,), jnp.float32), dev)}
+
+    def step(i):
+        state["x"] = sf(state["x"])
+        return state["x"]
+
+    m = measure_steps(step, warmup=2, repeats=reps, guard=sf)
+    return 2.0 * nel * 4 / m.median_s, m, state
+
+
+def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool = False,
+                      run_if_missing: bool = True) -> dict:
+    feat = cpu_features()
+    fp = fingerprint(feat)
+    path = _cache_path(fp)
+    if not force and os.path.exists(path):
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            if not quick and data.get("quick"):
+                raise ValueError("quick calibration cached")
+            data["cached"] = True
+            return data
+        except (OSError, ValueError):
+            pass
+    if not run_if_missing:
+        raise WorkbenchError("this host is not calibrated yet; run `workbench calibrate`")
+    data = run_calibration(quick=quick, quiet=quiet)
+    data["fingerprint"] = fp
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = path + f".tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+    data["cached"] = False
+    data["path"] = path
+    return data
+
+
+def spec_from_calibration(cal: dict) -> HardwareSpec:
+    date = cal.get("time", "")[:10]
+    src_m = Source("measured by `workbench calibrate` (XLA on this host, median of repeats)", date)
+    peaks = {dt: v["flops_per_s"] for dt, v in cal["matmul"].items()}
+    if cal.get("matmul_curve"):  # float32: the best rate XLA reached over the sizes measured
+        peaks["float32"] = max(peaks["float32"], *(r["flops_per_s"] for r in cal["matmul_curve"]))
+    bw = cal["stream"]["bytes_per_s"]
+    tr = cal["transcendentals"]
+    rate = sorted(v["per_s"] for v in tr.values())[len(tr) // 2]  # the median function
+    feat = cal["cpu"]
+    return HardwareSpec(
+        name="host", kind="cpu", vendor=feat.get("vendor", ""), peak_flops=peaks,
+        hbm_bytes=float(feat["mem_bytes"]), hbm_bw=bw,
+        interconnect=Interconnect("host-memory", bw, 1),
+        first_touch_bw=cal.get("first_touch", {}).get("bytes_per_s"),
+        onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
+        call_overhead_s=cal.get("call_overhead_s"),
+        matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
+        hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
+        kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
+        collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
+        onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
+        physical_peak_flops=cal["physical"]["peak_flops"],
+        sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
+                 "physical_peak_flops": Source("derived from CPU features: " + "; ".join(
+                     f"{k}: {v}" for k, v in cal["physical"]["derivation"].items()
+                     if k in ("float32", "bfloat16", "clock_source")),
+                     date),
+                 "hbm_bytes": Source("/proc/meminfo MemTotal", date)},
+        notes=(f"{feat['model']}, {feat['cores']} cores", "XLA:CPU computes bfloat16 matmuls in float32",
+               "transcendentals_per_s is the median of exp/tanh/log: "
+               + ", ".join(f"{k} {v['per_s']:.3g}/s" for k, v in tr.items())))
+
+
+def host_spec(run_if_missing: bool = True) -> HardwareSpec:
+    return spec_from_calibration(load_or_calibrate(run_if_missing=run_if_missing))
+
+
+def get_spec(name: str, *, calibrate_if_missing: bool = True) -> HardwareSpec:
+    """A catalogue chip by name or alias, or `host` (from the cached calibration; calibrates when absent unless
+    calibrate_if_missing=False, which raises a one-line error instead)."""
+    if resolve_name(name) == "host":
+        return host_spec(run_if_missing=calibrate_if_missing)
+    return catalogue_spec(name)
+
+
+def measure_kernel_launch(dev, reps: int = 9) -> dict:
+    """Fixed cost of one more kernel inside a program: two chains of dependent 8×8 matmuls (XLA fuses no dot into
+    another, so each is its own kernel; their arithmetic is ~1 kFLOP), timed whole; the slope between the chain
+    lengths is the per-kernel cost of the thunk executor (dispatch, argument lookup, completion), apart from the
+    per-call overhead of a program."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(k):
+        def f(x, w):
+            for _ in range(k):
+                x = jnp.tanh(x @ w)  # tanh fuses into the dot's consumer, not into the next dot
+            return x
+        return f
+
+    x = jax.device_put(jnp.full((8, 8), 0.5, jnp.float32), dev)
+    w = jax.device_put(jnp.eye(8, dtype=jnp.float32) * 0.9, dev)
+    out = {}
+    for k in (8, 72):
+        c = jax.jit(chain(k)).lower(x, w).compile()
+        out[k] = measure(c, x, w, warmup=3, repeats=reps).median_s
+    kernels = _count_kernels(jax.jit(chain(72)).lower(x, w).compile().as_text()) - _count_kernels(
+        jax.jit(chain(8)).lower(x, w).compile().as_text())
+    per = max(out[72] - out[8], 0.0) / max(kernels, 1)
+    return {"per_kernel_s": per, "chain_s": {str(k): v for k, v in out.items()}, "kernels_apart": kernels,
+            "how": "two chains of dependent 8x8 matmul+tanh kernels (8 and 72 links): (t72 - t8) / kernels apart"}
+
+
+def _count_kernels(hlo_text: str) -> int:
+    return sum(k.count for k in parse_kernels(hlo_text))
+
+
+RENDEZVOUS_SCRIPT = r"""
+import json, os, sys, time
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+n = int(sys.argv[1]); k = int(sys.argv[2])
+mesh = Mesh(jax.devices()[:n], ("d",))
+def chain(x):
+    for _ in range(k):
+        x = jax.lax.psum(x, "d") * 0.5
+    return x
+f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P("d")))
+c = f.lower(x).compile()
+for _ in range(3): jax.block_until_ready(c(x))
+ts = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts.append(time.perf_counter() - t0)
+ts.sort()
+print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
+"""
+
+
+def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
+    """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
+    is fixed when JAX starts): chains of 4 and 36 dependent all-reduces of one float per device; the slope is the
+    wall time of one rendezvous (every device's thread must arrive; on a few cores that means scheduling them all).
+    None when the subprocess fails."""
+    res = {}
+    for k in (4, 36):
+        try:
+            p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), str(k), str(reps)],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            res[k] = json.loads(p.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+    apart = res[36]["collectives"] - res[4]["collectives"]
+    wall = max(res[36]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
+    return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
+            "chain_s": {str(k): v["median_s"] for k, v in res.items()}, "collectives_apart": apart,
+            "how": f"chains of 4 and 36 dependent psums of one float on {n_devices} simulated devices, each in a "
+                   "fresh process: slope of the wall time per collective"}

@@ -1,0 +1,357 @@
+"""Plan the partitioning of a model on a target: enumerate, compile, drop what does not fit, rank by predicted step.
+
+Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
+the per-shard batch divides). Remat and microbatching only save memory, so by default they are compiled only for the
+strategy × mesh pairs whose plain program does not fit (`exhaustive=True` compiles every candidate). Every candidate
+goes through the same path as `workbench predict` (workbench.programs.predict): lowered for the target's devices in this
+thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
+workbench.roofline.prediction. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
+say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
+rest are ranked by predicted step time.
+
+Caching. GPU targets compiled for simulated CPU devices use JAX's persistent compilation cache
+(workbench.hardware.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
+libtpu's compile-only devices (deserialising needs a TPU client: "PjRtCompiler must be constructed with a Client"),
+so TPU candidates use an outcome cache instead: the candidate's record (costs, prediction, fit) is stored under
+.cache/plan/ keyed by a hash of the lowered StableHLO text, the target, and the jax/jaxlib/libtpu versions — a
+changed model, strategy or library misses the cache. `--no-cache` ignores it.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any, Callable
+
+from models.presets import get_config
+from partitioning import topology as topo
+from partitioning.rules import strategies as all_strategies
+from partitioning.strategy import get_strategy
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import enable_compilation_cache
+from workbench.programs import predict as wp
+from workbench.results.store import Store, make_record
+
+REMATS = ("none", "per-layer")
+MICROBATCHES = (1, 2, 4)
+
+
+def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq: int | None = None,
+                         strategies: list[str] | None = None, policy: str = "bf16", overrides: str | None = None,
+                         gpu_compiler: str = "auto") -> list[wp.PredictSpec]:
+    """All candidate specs in priority order: every strategy × mesh without remat or microbatching first, then
+    per-layer remat, then microbatching (so --max-candidates keeps the widest variety)."""
+
+    t = topo.parse_target(target)
+    cfg = get_config(preset, overrides)
+    seq = seq or cfg.seq_len
+    batch = batch or wp.default_batch(t.n_chips)
+    strats = strategies or [s for s in all_strategies() if s != "ep" or cfg.is_moe]
+    for s in strats:
+        if s not in all_strategies():
+            raise WorkbenchError(f"unknown strategy {s!r}; choose from {', '.join(all_strategies())}")
+    tiers: list[list[wp.PredictSpec]] = [[], [], []]
+    for s in strats:
+        for axes in get_strategy(s).mesh_candidates(t.n_chips, cfg, seq):
+            nb = get_strategy(s).batch_ways(axes)
+            if batch % nb:
+                continue
+            mesh = ",".join(f"{k}={v}" for k, v in axes.items())
+            for remat in REMATS:
+                for mb in MICROBATCHES:
+                    if (batch // nb) % mb:
+                        continue
+                    spec = wp.PredictSpec(preset, t.name, s, mesh=mesh, batch=batch, seq=seq, remat=remat,
+                                          microbatches=mb, policy=policy, overrides=overrides,
+                                          gpu_compiler=gpu_compiler)
+                    tier = 0 if (remat == "none" and mb == 1) else (1 if mb == 1 else 2)
+                    tiers[tier].append(spec)
+    return [c for tier in tiers for c in tier]
+
+
+# ------------------------------------------------------------------------------------------------ outcome cache
+
+
+def _versions() -> str:
+    import jax
+    import jaxlib
+
+    try:
+        from importlib.metadata import version
+
+        tpu = version("libtpu")
+    except Exception:  # noqa: BLE001
+        tpu = "none"
+    return f"jax={jax.__version__};jaxlib={jaxlib.__version__};libtpu={tpu}"
+
+
+def cache_key(lw: wp.Lowered) -> str:
+    h = hashlib.sha256()
+    h.update(lw.lowered.as_text().encode())
+    h.update(f"|{lw.target.name}|{lw.compiler}|{_versions()}|{os.environ.get('XLA_FLAGS', '')}|"
+             f"{os.environ.get('LIBTPU_INIT_ARGS', '')}".encode())
+    return h.hexdigest()[:32]
+
+
+def _cache_dir() -> str:
+    return os.environ.get("WORKBENCH_PLAN_CACHE", os.path.join(os.getcwd(), ".cache", "plan"))
+
+
+def cache_get(key: str) -> dict | None:
+    path = os.path.join(_cache_dir(), key + ".json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def cache_put(key: str, entry: dict) -> None:
+    d = _cache_dir()
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{key}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(entry, f, default=str)
+    os.replace(tmp, os.path.join(d, key + ".json"))  # atomic: a reader never sees half an entry
+
+
+# --------------------------------------------------------------------------------------------------- planning
+
+
+@dataclasses.dataclass
+class Outcome:
+    spec: wp.PredictSpec
+    status: str                # ranked | does-not-fit | invalid
+    body: dict | None = None   # the prediction record's body (public fields)
+    reason: str | None = None
+    cached: bool = False
+
+
+def default_workers() -> int:
+    """Compile threads: the cores this process may use, at most 4 (each compile holds its own memory)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(4, n))
+
+
+def _tier(spec: wp.PredictSpec) -> int:
+    return 0 if (spec.remat == "none" and spec.microbatches == 1) else (1 if spec.microbatches == 1 else 2)
+
+
+def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None = None,
+         max_candidates: int | None = 24, strategies: list[str] | None = None, policy: str = "bf16",
+         overrides: str | None = None, workers: int | None = None, use_cache: bool = True, store: bool = True,
+         exhaustive: bool = False, gpu_compiler: str = "auto",
+         on_progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time. JSON-ready summary.
+
+    Pruning (unless exhaustive): rematerialization and microbatching only save memory — they add recompute or
+    serialize the step — so a strategy × mesh whose plain program fits is not compiled again with them; per-layer
+    remat is tried where the plain one does not fit, microbatching where neither does. A mesh whose sharded state
+    alone overflows HBM, or that the rules cannot shard, gets no variants either (neither can help). Pruned
+    candidates are listed with the reason.
+    """
+    t0 = time.perf_counter()
+    t = topo.parse_target(target)
+    cands = enumerate_candidates(preset, t.name, batch, seq, strategies, policy, overrides, gpu_compiler)
+    if not cands:
+        raise WorkbenchError(f"no candidate partitioning for {preset} on {t.name} with batch {batch}: the batch "
+                             "divides no data axis; use a batch that is a multiple of the chip count")
+    total = len(cands)
+    if max_candidates is not None and max_candidates < 1:
+        raise WorkbenchError(f"--max-candidates must be >= 1, got {max_candidates}")
+    budget = max_candidates if max_candidates is not None else total
+    compiler = topo.gpu_compiler_for(t, gpu_compiler)
+    if compiler == "cpu-sim" and use_cache:
+
+        enable_compilation_cache()
+    workers = workers or default_workers()
+    outcomes: list[Outcome] = []
+    pruned: list[dict] = []
+    state = {"done": 0, "expected": min(budget, sum(1 for c in cands if exhaustive or _tier(c) == 0))}
+
+    def tick(msg: str):
+        state["done"] += 1
+        if on_progress:
+            on_progress(state["done"], max(state["expected"], state["done"]), msg)
+
+    with cf.ThreadPoolExecutor(max_workers=workers) as pool:
+        for tier in (0, 1, 2):
+            group = [c for c in cands if _tier(c) == tier]
+            if not exhaustive and tier > 0:
+                keep = []
+                for c in group:
+                    why = _prune_reason(c, outcomes)
+                    if why:
+                        pruned.append({"strategy": c.strategy, "mesh": c.mesh, "remat": c.remat,
+                                       "microbatches": c.microbatches, "reason": why})
+                    else:
+                        keep.append(c)
+                group = keep
+            room = budget - len(outcomes)
+            if room <= 0:
+                break
+            group = group[:room]
+            state["expected"] = len(outcomes) + len(group) if tier > 0 else state["expected"]
+            outcomes.extend(_run(group, pool, workers, compiler, use_cache, store, tick))
+    elapsed = time.perf_counter() - t0
+    result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
+                       compiler if t.kind == "gpu" else "libtpu")
+    result["pruned"] = pruned
+    result["n_pruned"] = len(pruned)
+    result["exhaustive"] = exhaustive
+    if store:
+
+        Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
+                                            "seq": result["seq"], "max_candidates": max_candidates,
+                                            "strategies": strategies, "policy": policy, "overrides": overrides,
+                                            "exhaustive": exhaustive},
+                                   extra=result))
+    return result
+
+
+def _prune_reason(c: wp.PredictSpec, outcomes: list[Outcome]) -> str | None:
+    """Why a remat/microbatched variant need not be compiled, judging by its strategy × mesh's earlier outcomes."""
+    same = [o for o in outcomes if o.spec.strategy == c.strategy and o.spec.mesh == c.mesh]
+    if not same:
+        return None
+    if any(o.status == "invalid" for o in same):
+        return "the rules cannot shard the model on this mesh"
+    if any(o.body and o.body.get("compiled") is False and o.body.get("compile_s") is None for o in same):
+        return "the sharded state alone exceeds HBM: remat and microbatching cannot help"
+    fitting = [o for o in same if o.status == "ranked"]
+    if fitting:
+        f = fitting[0].spec
+        return (f"{c.strategy} on {c.mesh} already fits with remat {f.remat}, {f.microbatches} microbatch(es); "
+                "remat/microbatching would only add recompute or serialize the step")
+    return None
+
+
+def _run(group: list[wp.PredictSpec], pool, workers: int, compiler: str, use_cache: bool, store: bool,
+         tick) -> list[Outcome]:
+    """Lower each spec on this thread, compile in the pool (cache first), predict; outcomes in input order."""
+    outcomes: list[Outcome | None] = [None] * len(group)
+    pending: dict[cf.Future, tuple[int, wp.Lowered, str | None]] = {}
+    for i, spec in enumerate(group):
+        label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
+        try:
+            lw = wp.lower(spec)  # tracing stays on this thread
+        except WorkbenchError as e:
+            outcomes[i] = Outcome(spec, "invalid", reason=str(e))
+            tick(label + " (invalid)")
+            continue
+        if lw.lowered is None:  # the sharded state alone overflows HBM: no compile needed
+            outcomes[i] = _finish(spec, wp.predict_lowered(lw), store)
+            tick(label + " (state exceeds HBM)")
+            continue
+        key = cache_key(lw) if (use_cache and compiler != "cpu-sim") else None
+        hit = cache_get(key) if key else None
+        if hit is not None:
+            outcomes[i] = _finish(spec, hit["body"], store, cost=hit.get("costs"),
+                                  prediction=hit.get("prediction"), cached=True)
+            tick(label + " (cached)")
+            continue
+        pending[pool.submit(wp.compile_lowered, lw)] = (i, lw, key)
+        while len(pending) >= 2 * workers:  # at most 2x workers lowered programs held in memory
+            _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
+    while pending:
+        _drain(pending, outcomes, store, tick, cf.FIRST_COMPLETED)
+    return [o for o in outcomes if o is not None]
+
+
+def _drain(pending, outcomes, store, tick, how):
+    finished, _ = cf.wait(list(pending), return_when=how)
+    for fut in finished:
+        i, lw, key = pending.pop(fut)
+        spec = lw.spec
+        label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
+        try:
+            compiled, secs, err = fut.result()
+            body = wp.predict_lowered(lw, compiled, secs, err)
+        except WorkbenchError as e:
+            outcomes[i] = Outcome(spec, "invalid", reason=str(e))
+            tick(label + " (invalid)")
+            continue
+        except Exception as e:  # noqa: BLE001 - a compiler failure on one candidate must not end the plan
+            outcomes[i] = Outcome(spec, "invalid", reason=f"compile failed: {type(e).__name__}: "
+                                                          f"{' '.join(str(e).split())[:300]}")
+            tick(label + " (compile failed)")
+            continue
+        cost, pred = body.get("_cost"), body.get("_prediction")
+        if key:
+            cache_put(key, {"body": wp.public(body), "costs": cost.to_dict() if cost is not None else None,
+                            "prediction": pred.to_dict() if pred is not None else None})
+        outcomes[i] = _finish(spec, body, store)
+        tick(label)
+
+
+def _finish(spec, body: dict, store: bool, cost=None, prediction=None, cached: bool = False) -> Outcome:
+    pub = wp.public(body)
+    if cached:
+        pub = dict(pub, cached=True)
+    if store:
+        b = dict(body)
+        if cost is not None:
+            b["_cost"] = cost
+        if prediction is not None:
+            b["_prediction"] = prediction
+        wp.record(b, spec, kind="predict", extra={"planner": True, "cached": cached})
+    status = "ranked" if pub.get("fits") and pub.get("predicted_step_s") else "does-not-fit"
+    return Outcome(spec, status, pub, pub.get("reason"), cached)
+
+
+def _row(o: Outcome) -> dict:
+    b = o.body or {}
+    return {"strategy": o.spec.strategy, "mesh": o.spec.mesh, "remat": o.spec.remat,
+            "microbatches": o.spec.microbatches, "status": o.status,
+            "predicted_step_s": b.get("predicted_step_s"), "predicted_mfu": b.get("predicted_mfu"),
+            "tokens_per_s": b.get("tokens_per_s"), "memory_per_device_bytes": b.get("memory_per_device_bytes"),
+            "overshoot_bytes": b.get("overshoot_bytes"), "bound": b.get("bound"),
+            "compute_s": b.get("compute_s"), "memory_s": b.get("memory_s"), "comm_s": b.get("comm_s"),
+            "collective_bytes_per_device": b.get("collective_bytes_per_device"),
+            "xla_estimate_s": b.get("xla_estimate_s"), "compile_s": b.get("compile_s"),
+            "cached": o.cached, "reason": o.reason if o.status != "ranked" else None}
+
+
+def summarize(preset: str, t: topo.Target, cands, outcomes: list[Outcome], total: int, elapsed: float,
+              workers: int, compiler: str) -> dict:
+    ranked = sorted((o for o in outcomes if o.status == "ranked"),
+                    key=lambda o: (o.body["predicted_step_s"], o.body["memory_per_device_bytes"]))
+    unfit = [o for o in outcomes if o.status == "does-not-fit"]
+    invalid = [o for o in outcomes if o.status == "invalid"]
+    first = cands[0] if cands else None
+    out: dict[str, Any] = {
+        "preset": preset, "target": t.name, "n_chips": t.n_chips, "compiler": compiler,
+        "batch": first.batch if first else None, "seq": first.seq if first else None,
+        "candidates_enumerated": total, "candidates_tried": len(outcomes), "n_feasible": len(ranked),
+        "n_does_not_fit": len(unfit), "n_invalid": len(invalid), "workers": workers, "elapsed_s": elapsed,
+        "compiled_fresh": sum(1 for o in outcomes if o.body and not o.cached and o.body.get("compile_s")),
+        "ranking": [dict(_row(o), rank=i + 1) for i, o in enumerate(ranked)],
+        "does_not_fit": [_row(o) for o in unfit], "invalid": [_row(o) for o in invalid],
+    }
+    if ranked:
+        w = ranked[0]
+        out["winner"] = _row(w)
+        out["explanation"] = (f"best: {w.spec.strategy} on {w.spec.mesh} (remat {w.spec.remat}, "
+                              f"{w.spec.microbatches} microbatch{'es' if w.spec.microbatches > 1 else ''}) — "
+                              f"{w.body.get('bottleneck')}")
+    else:
+        known = [o for o in unfit if o.body and o.body.get("overshoot_bytes") is not None]
+        if known:
+            c = min(known, key=lambda o: o.body["overshoot_bytes"])
+            out["smallest_overshoot"] = _row(c)
+            out["explanation"] = (
+                f"no candidate fits {t.name}: the closest, {c.spec.strategy} on {c.spec.mesh} (remat "
+                f"{c.spec.remat}, {c.spec.microbatches} microbatches), needs "
+                f"{c.body['memory_per_device_bytes'] / 2**30:.2f} GiB per device, "
+                f"{c.body['overshoot_bytes'] / 2**30:.2f} GiB over the chip's HBM; use a larger slice or a "
+                "smaller batch")
+        else:
+            out["explanation"] = f"no candidate fits or compiles for {t.name} (see does_not_fit and invalid)"
+        out["winner"] = None
+    return out

@@ -1,0 +1,558 @@
+"""Predict a model's step on a TPU slice or GPU node from this CPU host: compile for the target, check memory, predict.
+
+    spec ─► target devices (libtpu compile-only TPU devices, or simulated CPU devices for GPU nodes)
+         ─► mesh (partitioning.mesh.make_mesh over those devices) ─► abstract sharded train/prefill/decode step
+         ─► jit.lower(abstract inputs).compile()  (no device memory is touched; the TPU compiler is libtpu's own)
+         ─► CostReport (per device) ─► roofline.predict(cost, target chip's HardwareSpec) ─► record
+
+Terms of a prediction (all per device, seconds; see workbench/roofline.py for the formulas):
+    compute_s   flops / peak(compute dtype)         flops: the compiler's count for this device's program
+    memory_s    bytes accessed / HBM bandwidth
+    comm_s      Σ collectives: collective_time(kind, payload, group, the chip's interconnect)
+    roofline_s  roofline.predict's headline: max(kernel-by-kernel roofline, comm_s) (perfect overlap)
+    floor_s     analytic floor = model FLOPs per step / (chips × peak bf16)   (train: train_flops_per_token × tokens)
+    predicted_step_s = max(roofline_s, floor_s)     — never below the floor
+    predicted_mfu    = floor_s / predicted_step_s   — model FLOPs utilisation the prediction implies
+    xla_estimate_s   the TPU compiler's own `optimal_seconds` when positive (ignored, and said so, otherwise)
+
+Memory: per device = arguments + outputs + temporaries − aliased (donated) bytes, from the compiled program's
+memory_analysis, against the chip's HBM. On TPU targets the compiler itself refuses programs that do not fit
+(RESOURCE_EXHAUSTED): reported as fits=false with the compiler's words. Before compiling, the sharded parameters and
+optimizer state alone are summed from their shard shapes; when they already exceed HBM the compile is skipped
+(`--compile-anyway` forces it) and the record says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from models import inference
+from models.analytics import analytics
+from models.config import REMATS
+from models.precision import get_policy
+from models.presets import get_config
+from models.transformer import Transformer
+from partitioning import topology as topo
+from partitioning.mesh import make_mesh, parse_mesh_spec
+from partitioning.rules import get_rules
+from partitioning.shard import activation_sharding, spec_for, state_shardings
+from partitioning.strategy import get_strategy
+from workbench.cost.compile import is_resource_exhausted
+from workbench.cost.report import costs_from_compiled
+from workbench.errors import WorkbenchError
+from workbench.hardware import spec as hardware
+from workbench.hardware.spec import dtype_name
+from workbench.programs import train
+from workbench.results.store import Store, make_record
+from workbench.roofline import prediction as roofline
+
+MODES = ("train", "prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictSpec:
+    preset: str
+    target: str
+    strategy: str = "fsdp"
+    mesh: str | None = None          # 'data=4,model=4'; None: the strategy's default for the target
+    batch: int | None = None         # global batch (sequences); None: 4 per chip... see default_batch
+    seq: int | None = None           # tokens per sequence (decode: the KV-cache length); None: preset's seq_len
+    mode: str = "train"
+    remat: str = "auto"              # none | per-layer | dots | auto (the preset's; per-layer when that does not fit)
+    microbatches: int = 1
+    policy: str = "bf16"
+    overrides: str | None = None     # model config overrides 'k=v,k=v'
+    gpu_compiler: str = "auto"       # GPU targets: auto | xla-gpu (deviceless XLA:GPU) | cpu-sim
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------- defaults
+
+
+def default_batch(n_chips: int) -> int:
+    """Global batch when none is given: 4 sequences per chip (room for microbatching in the planner)."""
+    return 4 * n_chips
+
+
+# ---------------------------------------------------------------------------------------------- hardware spec
+
+
+def target_spec(target: topo.Target):
+    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias."""
+
+    last = None
+    for name in target.spec_names:
+        try:
+            return hardware.get_spec(name)
+        except WorkbenchError as e:
+            last = e
+    raise WorkbenchError(f"no hardware catalogue entry for {target.family} (tried {', '.join(target.spec_names)}): "
+                         f"{last}")
+
+
+# ------------------------------------------------------------------------------------------------- programs
+
+
+@dataclasses.dataclass
+class Lowered:
+    """A program lowered for the target, ready to compile (the planner compiles these in parallel)."""
+
+    spec: PredictSpec
+    target: topo.Target
+    cfg: Any
+    mesh: Any
+    axes: dict[str, int]
+    batch: int
+    seq: int
+    compiler: str                   # libtpu | xla-gpu | xla-cpu (simulated devices standing in for GPUs)
+    lowered: Any                    # jax.stages.Lowered, or None when the pre-check already decided
+    state_bytes_per_device: float   # parameters + optimizer state (+ cache), summed from shard shapes
+    input_bytes_per_device: float   # every argument of the step, from shard shapes
+    lower_s: float
+    notes: list[str]
+
+
+def _shard_bytes(tree) -> float:
+    import jax
+    import numpy as np
+
+    total = 0.0
+    for a in jax.tree.leaves(tree):
+        shape = getattr(a, "shape", None)
+        if shape is None:
+            continue
+        sh = getattr(a, "sharding", None)
+        shard = sh.shard_shape(tuple(shape)) if sh is not None and hasattr(sh, "shard_shape") else shape
+        total += math.prod(shard) * np.dtype(a.dtype).itemsize
+    return float(total)
+
+
+def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
+    """(jitted step, abstract args tuple, abstract state) for the spec's mode, from the models' own builders."""
+
+    policy = get_policy(spec.policy)
+    if spec.mode == "train":
+
+        out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
+                                     seq_len=seq, microbatches=spec.microbatches, abstract=True)
+        return _unpack_step(out)
+    return build_inference_step(cfg, policy, mesh, spec.strategy, batch, seq, spec.mode)
+
+
+def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str):
+    """A jitted prefill or decode step around the models' own KV-cache functions (models/inference.py), with
+    abstract sharded inputs: weights in the policy's compute dtype (inference keeps no float32 master copy), the KV
+    cache (batch, seq, kv_heads, head_dim) per layer sharded by the strategy's rules, the cache donated.
+
+    prefill: `seq` prompt tokens fill an empty cache of `seq` positions; returns the last position's logits.
+    decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it).
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+
+    rules = get_rules(strategy)
+    abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(abs_model, nnx.Param, ...)
+    p_sh, r_sh = state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules)
+    cd = policy.compute_dtype
+
+    def abstract(a, sh, cast):
+        dt = cd if (cast and jnp.issubdtype(a.dtype, jnp.floating)) else a.dtype
+        return jax.ShapeDtypeStruct(a.shape, dt, sharding=sh)
+
+    abs_params = jax.tree.map(lambda a, sh: abstract(a, sh, True), params, p_sh)
+    abs_rest = jax.tree.map(lambda a, sh: abstract(a, sh, False), rest, r_sh)
+    kv_shape = (batch, seq, cfg.n_kv_heads, cfg.head_dim)
+    kv_sh = NamedSharding(mesh, spec_for(("batch", None, "kv_heads", "head_dim"), kv_shape, mesh, rules,
+                                         what="KV cache"))
+    kv = jax.ShapeDtypeStruct(kv_shape, cd, sharding=kv_sh)
+    rep = NamedSharding(mesh, PartitionSpec())
+    cache = {"k": [kv] * cfg.n_layers, "v": [kv] * cfg.n_layers,
+             "index": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+    cache_sh = jax.tree.map(lambda a: a.sharding, cache)
+    t = seq if mode == "prefill" else 1
+    tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
+    tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
+
+    def step(params, rest, tokens_bt, cache):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            model = nnx.merge(graphdef, params, rest)
+            if mode == "prefill":
+                logits_btv, cache = inference.prefill(model, tokens_bt, max_len=seq, cache=cache)
+            else:
+                logits_btv, cache = inference.decode_step(model, tokens_bt, cache)
+            return logits_btv[:, -1], cache
+
+    jitted = jax.jit(step, in_shardings=(p_sh, r_sh, tok_sh, cache_sh), out_shardings=(None, cache_sh),
+                     donate_argnums=3)
+    return jitted, (abs_params, abs_rest, tokens, cache), (abs_params, abs_rest, cache)
+
+
+def _unpack_step(out):
+    """Accept the builders' return forms: an object with .step/.args (or .state/.batch), or a tuple (step, *args)."""
+    if isinstance(out, tuple):
+        step, *args = out
+        return step, tuple(args), args[0] if args else None
+    step = getattr(out, "step", None) or getattr(out, "fn", None)
+    if hasattr(out, "args"):
+        args = tuple(out.args)
+    else:
+        args = tuple(x for x in (getattr(out, "state", None), getattr(out, "batch", None)) if x is not None)
+    return step, args, getattr(out, "state", args[0] if args else None)
+
+
+def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, int, list[str]]:
+    """Validate a spec: target, config, mesh axes, batch, sequence. One-line errors for bad input."""
+
+    if spec.mode not in MODES:
+        raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    get_policy(spec.policy)  # unknown policy: one line, before any target device is built
+    target = topo.parse_target(spec.target)
+    cfg = get_config(spec.preset, spec.overrides)
+    if spec.remat not in ("auto", None):
+        if spec.remat not in REMATS:
+            raise WorkbenchError(f"--remat {spec.remat!r}: choose {', '.join(REMATS)} or auto")
+        cfg = cfg.replace(remat=spec.remat)
+    notes: list[str] = []
+    seq = spec.seq if spec.seq is not None else cfg.seq_len
+    if seq < 1:
+        raise WorkbenchError(f"--seq must be >= 1, got {seq}")
+    if seq > cfg.seq_len:
+        if cfg.pos == "learned":
+            raise WorkbenchError(f"--seq {seq} exceeds {spec.preset}'s learned position table ({cfg.seq_len}); "
+                                 f"use --seq <= {cfg.seq_len} or --set seq_len={seq}")
+        cfg = cfg.replace(seq_len=seq)
+    if spec.strategy is None:
+        raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, ep")
+    if spec.mesh:
+
+        axes = parse_mesh_spec(spec.mesh)
+    else:
+        axes = get_strategy(spec.strategy).default_mesh(target.n_chips, cfg)
+    topo.check_mesh_size(axes, target.n_chips, target.name)
+    nb = get_strategy(spec.strategy).batch_ways(axes)
+    batch = spec.batch if spec.batch is not None else default_batch(target.n_chips)
+    if batch < 1:
+        raise WorkbenchError(f"--batch must be >= 1, got {batch}")
+    if batch % nb:
+        raise WorkbenchError(f"--batch {batch} is not divisible by the data axes of the mesh "
+                             f"({'*'.join(f'{a}={axes[a]}' for a in axes if a in ('data', 'expert'))} = {nb}); "
+                             f"use a multiple of {nb}")
+    if spec.microbatches < 1:
+        raise WorkbenchError(f"--microbatches must be >= 1, got {spec.microbatches}")
+    if spec.mode == "train" and (batch // nb) % spec.microbatches:
+        raise WorkbenchError(f"--microbatches {spec.microbatches} does not divide the per-shard batch "
+                             f"{batch // nb} (batch {batch} over {nb} data shards)")
+    if spec.mode != "train" and spec.microbatches != 1:
+        raise WorkbenchError("--microbatches applies to --mode train only")
+    return target, cfg, axes, batch, seq, notes
+
+
+def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
+    """Build the target's mesh and the abstract sharded step, and lower it (no compile yet)."""
+
+    target, cfg, axes, batch, seq, notes = prepare(spec)
+    devices = topo.target_devices(target, spec.gpu_compiler)
+    grid = topo.device_grid(devices, tuple(axes.values()))
+    mesh = make_mesh(axes, devices=list(grid.flat))
+    t0 = time.perf_counter()
+    step, args, state = _build_program(cfg, spec, mesh, batch, seq)
+    state_b = _shard_bytes(state)
+    input_b = _shard_bytes(args)
+    lowered = None
+    hbm = target_spec(target).hbm_bytes
+    if not (precheck and state_b > hbm):
+        lowered = step.lower(*args)
+    compiler = {"tpu": "libtpu", "gpu": "xla-gpu"}[target.kind] if devices[0].platform != "cpu" else "xla-cpu"
+    return Lowered(spec, target, cfg, mesh, axes, batch, seq, compiler, lowered, state_b, input_b,
+                   time.perf_counter() - t0, notes)
+
+
+def compile_lowered(lw: Lowered):
+    """lowered.compile() → (compiled, seconds, error words or None). Resource exhaustion is an answer, not a crash."""
+    t0 = time.perf_counter()
+    try:
+        c = lw.lowered.compile()
+        return c, time.perf_counter() - t0, None
+    except Exception as e:  # noqa: BLE001
+
+        if is_resource_exhausted(e):
+            words = " ".join(str(e).strip().split())
+            return None, time.perf_counter() - t0, words[:600]
+        raise
+
+
+# ----------------------------------------------------------------------------------------------- prediction
+
+
+def xla_estimate(compiled) -> tuple[float | None, str | None]:
+    """The compiler's own time estimate (`optimal_seconds`, TPU) when positive; else None and why."""
+    try:
+        raw = compiled.cost_analysis()
+    except Exception as e:  # noqa: BLE001
+        return None, f"cost_analysis unavailable ({type(e).__name__}): no compiler time estimate"
+    if isinstance(raw, (list, tuple)):
+        raw = raw[0] if raw else {}
+    v = (raw or {}).get("optimal_seconds")
+    if v is None:
+        return None, "the compiler gives no time estimate for this platform (no optimal_seconds)"
+    v = float(v)
+    if not math.isfinite(v) or v <= 0:
+        return None, f"the compiler's time estimate optimal_seconds={v:.3g} is not positive: ignored"
+    return v, None
+
+
+def torus_axes_of(cost, mesh) -> int:
+    """Torus dimensions spanned by the heaviest collective's groups (TPU device coords); 1 when unknown."""
+    colls = [c for c in cost.collectives if c.groups]
+    if not colls:
+        return 1
+    heavy = max(colls, key=lambda c: c.payload_bytes * c.count)
+    flat = list(mesh.devices.flat)
+    try:
+        coords = [tuple(flat[i].coords) for i in heavy.groups[0]]
+    except Exception:  # noqa: BLE001 - ids that are not positions, or devices without coords
+        return 1
+    return max(1, sum(1 for dim in zip(*coords) if len(set(dim)) > 1))
+
+
+def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
+    """Model FLOPs of one step (the convention of models/analytics.py) and how they were counted."""
+
+    a = analytics(cfg, seq)
+    if mode == "train":
+        return a["train_flops_per_token"] * batch * seq, (
+            f"train_flops_per_token {a['train_flops_per_token']:.4g} × {batch}·{seq} tokens")
+    if mode == "prefill":
+        head = 2 * cfg.vocab_size * cfg.d_model  # the output head runs on the last position only
+        return a["forward_flops_per_token"] * batch * seq - head * batch * (seq - 1), (
+            f"forward_flops_per_token {a['forward_flops_per_token']:.4g} × {batch}·{seq} tokens − the output head "
+            f"(2·vocab·d_model) on all but the last position")
+    # decode: one new token per sequence, attending over a cache of `seq` tokens
+    return a["forward_flops_per_token"] * batch, (
+        f"forward_flops_per_token(context {seq}) {a['forward_flops_per_token']:.4g} × {batch} new tokens")
+
+
+def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None, error: str | None = None) -> dict:
+    """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
+
+    target, spec = lw.target, lw.spec
+    hw = target_spec(target)
+    n = target.n_chips
+    tokens = lw.batch * (lw.seq if spec.mode != "decode" else 1)
+    mflops, mflops_how = model_flops(lw.cfg, spec.mode, lw.batch, lw.seq)
+    peak_bf16 = hw.peak("bfloat16")
+    floor_s = mflops / (n * peak_bf16)
+    notes = list(lw.notes)
+    compute_dtype = _policy_dtype(spec.policy)
+    out: dict[str, Any] = {
+        "target": target.name, "target_kind": target.kind, "chip": hw.name, "n_chips": n,
+        "target_description": target.describe(),
+        "preset": spec.preset, "strategy": spec.strategy, "mode": spec.mode,
+        "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
+        "tokens_per_step": tokens, "remat": lw.cfg.remat, "microbatches": spec.microbatches,
+        "policy": spec.policy, "compute_dtype": compute_dtype, "compiler": lw.compiler,
+        "compiler_version": _compiler_version(lw.compiler),
+        "hbm_bytes": hw.hbm_bytes, "state_bytes_per_device": lw.state_bytes_per_device,
+        "input_bytes_per_device": lw.input_bytes_per_device,
+        "model_flops_per_step": mflops, "analytic_floor_s": floor_s,
+        "build_and_lower_s": lw.lower_s, "compile_s": compile_s,
+    }
+    if lw.lowered is None:  # the pre-check decided
+        out.update(fits=False, memory_per_device_bytes=lw.state_bytes_per_device,
+                   memory_source="parameters + optimizer state summed from shard shapes (a lower bound)",
+                   overshoot_bytes=(
+            lw.state_bytes_per_device - hw.hbm_bytes), compiled=False, flops_per_device=None, collectives={},
+            predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
+            reason=(f"parameters and optimizer state alone need {_gib(lw.state_bytes_per_device)} per device "
+                    f"(summed from their shard shapes) > {_gib(hw.hbm_bytes)} HBM of {hw.name}; not compiled "
+                    "(--compile-anyway to ask the compiler)"))
+        out["notes"] = notes
+        return out
+    if error is not None:
+        over = _overshoot_from_words(error)
+        out.update(fits=False, compiled=False, memory_per_device_bytes=over[0] if over else None,
+                   memory_source="the compiler's out-of-memory message" if over else None,
+                   overshoot_bytes=(over[0] - over[1]) if over else None, flops_per_device=None, collectives={},
+                   predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
+                   reason=f"the {target.kind.upper()} compiler ran out of memory: {error}")
+        out["notes"] = notes
+        return out
+
+    cost = costs_from_compiled(compiled, n_devices=n, mesh=lw.mesh, compute_dtype=compute_dtype)
+    if cost.flops == 0 and cost.hlo_flops > 0:  # XLA:GPU compile-only programs return no cost_analysis
+        cost = dataclasses.replace(cost, flops=cost.hlo_flops, bytes_accessed=cost.hlo_bytes,
+                                   transcendentals=cost.hlo_transcendentals, notes=cost.notes + (
+                                       "no compiler cost_analysis: flops and bytes summed from the optimized HLO's "
+                                       "kernels (workbench.cost.hlo)",))
+    k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
+    pred = roofline.predict(cost, hw, dtype=compute_dtype, simulated_mesh=False, torus_axes=k)
+    mem = cost.peak_memory_bytes
+    if target.kind == "tpu":
+        # the TPU compiler assigns every buffer in HBM and refuses programs that overflow it: compiling is fitting
+        fits = True
+        if mem > hw.hbm_bytes:
+            notes.append(f"compiled, so the TPU compiler found room, though {_gib(mem)} exceeds the catalogue's "
+                         f"{_gib(hw.hbm_bytes)} (the compiler counts HBM in GiB and reserves some)")
+    else:
+        fits = mem <= hw.hbm_bytes
+    if lw.compiler == "xla-cpu":
+        notes.append(f"{target.name}: compiled for {n} simulated CPU devices (the pinned jaxlib has no deviceless GPU "
+                     "compiler; see docs/targets.md): memory is XLA:CPU's buffer assignment and the costs are the CPU "
+                     "program's, priced with the GPU's catalogue peaks and NVLink/InfiniBand collective models")
+    elif lw.compiler == "xla-gpu":
+        notes.append(f"{target.name}: compiled by XLA:GPU for a compile-only {n}-GPU topology (JAX CUDA plugin, no GPU "
+                     "attached); memory is its buffer assignment, judged against the catalogue HBM")
+    xla_s, xla_note = xla_estimate(compiled)
+    if xla_note:
+        notes.append(xla_note)
+    step = max(pred.predicted_s, floor_s)
+    if pred.predicted_s < floor_s:
+        notes.append(f"the roofline's {pred.predicted_s:.3g}s is below the analytic floor {floor_s:.3g}s (the "
+                     "compiler counted fewer FLOPs than the model convention): the floor is the prediction")
+    out.update(
+        fits=bool(fits), compiled=True,
+        memory_per_device_bytes=mem, memory_source="memory_analysis of the compiled program",
+        memory_breakdown={"argument_bytes": cost.argument_bytes, "output_bytes": cost.output_bytes,
+                          "temp_bytes": cost.temp_bytes, "alias_bytes": cost.alias_bytes,
+                          "generated_code_bytes": cost.generated_code_bytes},
+        overshoot_bytes=max(0.0, mem - hw.hbm_bytes),
+        flops_per_device=cost.flops, bytes_per_device=cost.bytes_accessed,
+        transcendentals_per_device=cost.transcendentals,
+        collectives=cost.collectives_by_kind_and_axis(), collectives_by_kind=cost.collectives_by_kind(),
+        collective_bytes_per_device=cost.collective_bytes(),
+        compute_s=pred.compute_s, memory_s=pred.memory_s, comm_s=pred.comm_s, kernel_s=pred.kernel_s,
+        roofline_s=pred.predicted_s, roofline_serial_s=pred.predicted_serial_s,
+        predicted_step_s=step, predicted_mfu=floor_s / step if step > 0 else None,
+        tokens_per_s=tokens / step if step > 0 else None,
+        xla_estimate_s=xla_s, bound=pred.bound, bottleneck=explain_bottleneck(pred, step, floor_s),
+        torus_axes=k if target.kind == "tpu" else None,
+        replication=(cost.flops * n / mflops) if mflops else None,
+        reason=None if fits else (f"needs {_gib(mem)} per device > {_gib(hw.hbm_bytes)} HBM of {hw.name}"),
+    )
+    out["explain"] = {
+        "memory_per_device_bytes": "memory_analysis: arguments + outputs + temporaries − aliased (donated) bytes",
+        "compute_s": f"flops per device {cost.flops:.4g} / {hw.name} peak {pred.peak_dtype} {pred.peak_flops:.4g} "
+                     f"FLOP/s{_src(hw, 'peak_flops.' + pred.peak_dtype)}"
+                     + (f" + transcendentals {pred.transcendental_s:.3g}s" if pred.transcendental_s else ""),
+        "memory_s": f"bytes per device {cost.bytes_accessed:.4g} / HBM {hw.hbm_bw:.4g} B/s{_src(hw, 'hbm_bw')}",
+        "comm_s": f"Σ collective_time over {sum(c.count for c in cost.collectives)} collectives on "
+                  f"{hw.interconnect.kind} (link {hw.interconnect.link_bw:.3g} B/s × {hw.interconnect.links}"
+                  f"{', torus axes ' + str(k) if target.kind == 'tpu' else ''}); partitioning/collectives.py",
+        "roofline_s": "workbench.roofline.prediction.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
+        "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} chips × {peak_bf16:.4g} bf16 FLOP/s)",
+        "predicted_step_s": "max(roofline_s, analytic_floor_s)",
+        "predicted_mfu": "analytic_floor_s / predicted_step_s",
+        "xla_estimate_s": "the compiler's cost_analysis optimal_seconds (TPU), when positive",
+    }
+    out["notes"] = notes + list(pred.notes)
+    out["_cost"] = cost
+    out["_prediction"] = pred
+    return out
+
+
+def _compiler_version(compiler: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    pkg = {"libtpu": "libtpu", "xla-gpu": "jax-cuda12-plugin", "xla-cpu": "jaxlib"}.get(compiler)
+    try:
+        return f"{pkg} {version(pkg)}" if pkg else None
+    except PackageNotFoundError:
+        return None
+
+
+def _src(hw, key: str) -> str:
+    s = getattr(hw, "sources", {}).get(key)
+    return f" [{s.source}, {s.date}]" if s else ""
+
+
+def explain_bottleneck(pred, step: float, floor_s: float) -> str:
+    """One line: which term sets the step time."""
+    terms = {"compute": pred.compute_s, "memory (HBM)": pred.memory_s, "communication": pred.comm_s}
+    name, t = max(terms.items(), key=lambda kv: kv[1])
+    others = ", ".join(f"{k} {v:.3g}s" for k, v in terms.items() if k != name)
+    if floor_s >= pred.predicted_s:
+        return (f"compute floor: the model's FLOPs at peak bf16 ({floor_s:.3g}s) exceed the compiled program's "
+                f"roofline ({pred.predicted_s:.3g}s)")
+    return f"{name}-bound: {name} {t:.3g}s of a {step:.3g}s step ({others})"
+
+
+def _policy_dtype(policy: str) -> str:
+
+    return dtype_name(get_policy(policy).compute_dtype)
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def _overshoot_from_words(words: str) -> tuple[float, float] | None:
+    """(needed, available) bytes when the compiler's message states them ('... (24.00G) exceeds available HBM
+    (15.75G)' or 'Used 20.5G of 15.75G hbm')."""
+    import re
+
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    m = re.search(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available \w+\s*\(([\d.]+)([KMGT]?)\)", words)
+    if not m:
+        m = re.search(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?)", words)
+    if not m:
+        return None
+    return float(m.group(1)) * units[m.group(2)], float(m.group(3)) * units[m.group(4)]
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+
+
+def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> dict:
+    """Lower, compile and predict one spec exactly as given (no automatic remat)."""
+    lw = lower(spec, precheck=not compile_anyway)
+    compiled, cs, err = (None, None, None)
+    if lw.lowered is not None:
+        compiled, cs, err = compile_lowered(lw)
+    return predict_lowered(lw, compiled, cs, err)
+
+
+def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> dict:
+    """Compile `spec` for its target and predict one step. Returns the JSON-ready record body (also stored).
+
+    remat='auto' (train): the preset's rematerialization first; when the compiler runs out of memory with none,
+    per-layer rematerialization is compiled too and becomes the answer; the record keeps what the first try said.
+    """
+    body = predict_once(spec, compile_anyway=compile_anyway)
+    if store:
+        record(body, spec, kind="predict")
+    if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
+            and body.get("compile_s") is not None and body["remat"] != "per-layer"):
+        first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
+        second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
+        second["remat_auto"] = {"tried_first": body["remat"], **first,
+                                "chosen": "per-layer", "why": ("without rematerialization" if body["remat"] == "none" else
+                                                               f"with remat {body['remat']}") + " the program does not fit"}
+        if store:
+            record(second, dataclasses.replace(spec, remat="per-layer"), kind="predict")
+        body = second
+    elif spec.remat in ("auto", None):
+        body["remat_auto"] = {"chosen": body["remat"], "why": "the preset's setting" + (
+            "" if body["fits"] or body["remat"] == "per-layer" else "; per-layer remat cannot help: the state alone "
+            "does not fit")}
+    return public(body)
+
+
+def public(body: dict) -> dict:
+    return {k: v for k, v in body.items() if not k.startswith("_")}
+
+
+def record(body: dict, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
+    """Append the prediction to the results store (spec + CostReport + Prediction + the fit/floor/MFU fields)."""
+
+    s = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
+    rec = make_record(kind, s, cost=body.get("_cost"), prediction=body.get("_prediction"), measurement=None,
+                      extra={**public(body), **(extra or {})})
+    return Store().append(rec)

@@ -1,0 +1,518 @@
+"""Sharded training: one step builder for every strategy and mesh, and a training loop that records what it saw.
+
+    prog = build_train_step(cfg, policy=..., mesh=mesh, strategy='fsdp+tp', batch_size=8, seq_len=64)
+    step, state, batch = prog                   # jitted step, sharded (or abstract) state, sharded (or abstract) batch
+    compiled = step.lower(state, batch).compile()
+    state, metrics = step(state, batch)         # state is donated
+
+State: {'params': nnx.State (float32 master weights), 'gmeta': nnx.State (fp8 gradient-scaling state, differentiated:
+its "gradient" is its new value; empty for other policies), 'rest': nnx.State (other variables, e.g. fp8 forward
+scales, router biases), 'opt': optax state (AdamW moments sharded like their parameters), 'step': int32}.
+Optimizer: optax AdamW (b1 0.9, b2 0.95, weight decay on matrices only) after global-norm clipping, warm-up + cosine.
+Activations are pinned through partitioning.shard.activation_sharding while the step is traced; the mesh is also
+in context as an abstract mesh (jax.sharding.get_abstract_mesh) for layers that shard_map (models/moe.py).
+
+`train_model(...)` compiles the step through workbench.cost.compile (CostReport), trains on the stdlib corpus, times the
+steps with workbench.measure.harness, predicts with workbench.roofline.prediction and returns a JSON-ready dict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from models import quant
+from models.analytics import analytics
+from models.config import ModelConfig
+from models.precision import get_policy
+from models.quant import matmul_format
+from models.transformer import Transformer
+from partitioning.rules import get_rules
+from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
+from workbench.cost.compile import compile_program
+from workbench.cost.report import CostReport
+from workbench.errors import WorkbenchError
+from workbench.hardware.devices import is_simulated
+from workbench.measure.calibrate import get_spec
+from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
+from workbench.measure.explain import explain_step
+from workbench.programs.data import Batches, shard_batch, unigram_baseline
+from workbench.results.console import ProgressBar
+from workbench.roofline.prediction import Prediction, predict
+
+
+# ------------------------------------------------------------------------------------------------- optimizer
+def make_optimizer(learning_rate: float = 1e-3, total_steps: int = 1000, warmup_steps: int | None = None,
+                   weight_decay: float = 0.1, clip_norm: float = 1.0) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW (decay on rank >= 2 parameters only), linear warm-up then cosine to 10%."""
+    total_steps = max(int(total_steps), 1)
+    warmup = min(100, max(total_steps // 10, 1)) if warmup_steps is None else max(int(warmup_steps), 1)
+    schedule = optax.warmup_cosine_decay_schedule(learning_rate / (warmup + 1), learning_rate, warmup, max(total_steps, warmup + 1),
+                                                  end_value=0.1 * learning_rate)
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    return optax.chain(optax.clip_by_global_norm(clip_norm),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=weight_decay, mask=decay_mask))
+
+
+def default_learning_rate(cfg: ModelConfig) -> float:
+    """3e-3 for models under ~1M parameters, 1e-3 up to ~100M, 3e-4 above (the usual nanoGPT-scale choices)."""
+
+    n = analytics(cfg)["params_total"]
+    return 3e-3 if n < 1e6 else (1e-3 if n < 1e8 else 3e-4)
+
+
+def default_precision() -> str:
+    """float32 on a CPU host (XLA:CPU computes bf16 matmuls in float32: no faster path), bf16 on accelerators."""
+    return "float32" if jax.devices()[0].platform == "cpu" else "bf16"
+
+
+# ------------------------------------------------------------------------------------------------- the step
+class _NoVariable(nnx.Variable):
+    """Matches nothing: the gradient-meta filter for policies without differentiated scaling state."""
+
+
+def _grad_meta_filter(policy):
+    """Variables differentiated alongside the parameters whose 'gradient' is their new value (fp8 delayed scaling
+    of gradients, models/quant.py's Fp8GradMeta); a filter that matches nothing otherwise."""
+    try:
+        pass
+    except ModuleNotFoundError:
+        return _NoVariable
+    wrt = quant.grad_wrt(policy)
+    return quant.Fp8GradMeta if (wrt is not nnx.Param and hasattr(quant, "Fp8GradMeta")) else _NoVariable
+
+
+def cross_entropy(logits_btv, targets_bt):
+    """Mean next-token cross-entropy in float32 (nats)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits_btv.astype(jnp.float32), targets_bt).mean()
+
+
+@dataclasses.dataclass
+class TrainProgram:
+    """What build_train_step returns; unpacks as (step, state, batch)."""
+
+    step: Any  # jitted (state, batch) -> (state, metrics), state donated
+    state: Any  # sharded state (abstract ShapeDtypeStructs with shardings when abstract=True)
+    batch: Any  # {'inputs', 'targets'}: (B, T) int32, sharded over the data axis
+    eval_step: Any  # jitted (params, gmeta, rest, batch) -> mean loss
+    grads: Any  # jitted (params, gmeta, rest, batch) -> (loss, grads): the step's loss and gradients (no update;
+    #            scaled by the loss scale for fp16 policies)
+    init: Any  # jitted () -> state (sharded)
+    state_shardings: Any
+    batch_sharding: Any
+    mesh: Any
+    rules: Any
+    policy: Any
+    cfg: ModelConfig
+    graphdef: Any
+    optimizer: Any
+    batch_size: int
+    seq_len: int
+    microbatches: int
+
+    def __iter__(self):
+        return iter((self.step, self.state, self.batch))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+def abstract_with(tree, shardings):
+    """ShapeDtypeStructs of `tree` carrying `shardings` (a compile-only stand-in for a sharded state)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batch_size: int, seq_len: int | None = None,
+                     microbatches: int = 1, abstract: bool = False, seed: int = 0, learning_rate: float | None = None,
+                     total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0) -> TrainProgram:
+    """The sharded training step of `cfg` under `strategy` on `mesh` (see the module docstring).
+
+    abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
+    """
+
+    policy = get_policy(policy)
+    rules = get_rules(strategy)
+    seq_len = cfg.seq_len if seq_len is None else int(seq_len)
+    if cfg.pos == "learned" and seq_len > cfg.seq_len:
+        raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "
+                             f"lower --seq or set seq_len={seq_len} in the model config")
+    if batch_size < 1 or microbatches < 1 or batch_size % microbatches:
+        raise WorkbenchError(f"batch size {batch_size} must be a positive multiple of microbatches={microbatches}")
+    mb_size = batch_size // microbatches
+    # batch sharding (errors name 'batch' and the mesh axis when the batch does not divide)
+    batch_spec = spec_for(("batch", "seq"), (mb_size, seq_len), mesh, rules, what="batch (per microbatch)")
+    batch_sharding = NamedSharding(mesh, batch_spec)
+    tx = make_optimizer(learning_rate or default_learning_rate(cfg), total_steps, weight_decay=weight_decay,
+                        clip_norm=clip_norm)
+    loss_scaling = policy.loss_scaling
+
+    gm = _grad_meta_filter(policy)  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
+
+    def init_fn():
+        model = Transformer(cfg, policy, nnx.Rngs(seed))
+        _, params, gmeta, rest = nnx.split(model, nnx.Param, gm, ...)
+        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": tx.init(params),
+                 "step": jnp.zeros((), jnp.int32)}
+        if loss_scaling is not None:
+            state["loss_scale"] = loss_scaling.init()
+        return state
+
+    abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(seed)))
+    graphdef = nnx.split(abs_model, nnx.Param, gm, ...)[0]
+    abs_state = jax.eval_shape(init_fn)
+    state_shardings(abs_state["params"], mesh, rules)  # first, so divisibility errors name the parameter path
+    shardings = state_shardings(abs_state, mesh, rules)
+    abs_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
+                 for k in ("inputs", "targets")}
+
+    def forward_loss(params, gmeta, rest, batch, ls_state):
+        model = nnx.merge(graphdef, params, gmeta, rest)
+        logits_btv, aux = model(batch["inputs"])
+        loss = cross_entropy(logits_btv, batch["targets"])
+        total = loss + aux.get("loss", 0.0)
+        new_rest = nnx.split(model, nnx.Param, gm, ...)[3]
+        if loss_scaling is not None:
+            total = loss_scaling.scale(total, ls_state)
+        return total, (loss, aux, new_rest)
+
+    grad_fn = jax.value_and_grad(forward_loss, argnums=(0, 1), has_aux=True)
+
+    def loss_and_grads(params, gmeta, rest, batch, ls_state):
+        """-> (loss, aux, new rest, parameter grads, new gmeta); microbatches accumulate (mean) in a scan."""
+        if microbatches == 1:
+            (_, (loss, aux, rest)), (grads, gmeta) = grad_fn(params, gmeta, rest, batch, ls_state)
+            return loss, aux, rest, grads, gmeta
+        mbs = {k: constrain(v.reshape(microbatches, mb_size, seq_len), (None, "batch", "seq"), f"microbatched {k}")
+               for k, v in batch.items()}
+
+        def body(carry, mb):
+            g_acc, m_acc, l_acc, a_acc, rest = carry
+            (_, (loss, aux, rest)), (g, m) = grad_fn(params, gmeta, rest, mb, ls_state)
+            g_acc = jax.tree.map(jnp.add, g_acc, g)
+            m_acc = jax.tree.map(jnp.add, m_acc, m)
+            a_acc = {k: a_acc[k] + aux[k] for k in a_acc}
+            return (g_acc, m_acc, l_acc + loss, a_acc, rest), None
+
+        first = jax.tree.map(lambda x: x[0], mbs)
+        aux_shape = jax.eval_shape(lambda: grad_fn(params, gmeta, rest, first, ls_state))[0][1][1]
+        zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+        carry = (zeros(params), zeros(gmeta), jnp.zeros((), jnp.float32),
+                 {k: jnp.zeros((), jnp.float32) for k in aux_shape}, rest)
+        (g, m, l, a, rest), _ = jax.lax.scan(body, carry, mbs)
+        mean = lambda t: jax.tree.map(lambda x: x / microbatches, t)
+        return l / microbatches, mean(a), rest, mean(g), mean(m)
+
+    def train_step(state, batch):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            ls_state = state.get("loss_scale")
+            loss, aux, rest, grads, gmeta = loss_and_grads(state["params"], state["gmeta"], state["rest"], batch,
+                                                           ls_state)
+            new_state = dict(state)
+            finite = None
+            if loss_scaling is not None:
+                grads, new_state["loss_scale"], finite = loss_scaling.unscale_and_check(grads, ls_state)
+            updates, opt = tx.update(grads, state["opt"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+            if finite is not None:  # fp16 overflow: skip the update, keep the old state
+                keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+                params, opt = keep(params, state["params"]), keep(opt, state["opt"])
+            new_state.update(params=params, gmeta=gmeta, rest=rest, opt=opt, step=state["step"] + 1)
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
+            return new_state, metrics
+
+    def eval_step(params, gmeta, rest, batch):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            model = nnx.merge(graphdef, params, gmeta, rest)
+            logits_btv, _ = model(batch["inputs"])
+            return cross_entropy(logits_btv, batch["targets"])
+
+    def grads_only(params, gmeta, rest, batch):
+        with activation_sharding(mesh, rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            ls_state = loss_scaling.init() if loss_scaling is not None else None
+            loss, _, _, grads, _ = loss_and_grads(params, gmeta, rest, batch, ls_state)
+            return loss, grads
+
+    step = jax.jit(train_step, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
+                   donate_argnums=0)
+    init = jax.jit(init_fn, out_shardings=shardings)
+    evaluate = jax.jit(eval_step, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                                 batch_sharding))
+    grads = jax.jit(grads_only, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                              batch_sharding),
+                    out_shardings=(None, shardings["params"]))
+    if abstract:
+        state, batch = abstract_with(abs_state, shardings), abs_batch
+    else:
+        state = init()
+        batch = {k: jax.device_put(np.zeros((batch_size, seq_len), np.int32), batch_sharding)
+                 for k in ("inputs", "targets")}
+    return TrainProgram(step, state, batch, evaluate, grads, init, shardings, batch_sharding, mesh, rules, policy, cfg,
+                        graphdef, tx, batch_size, seq_len, microbatches)
+
+
+# ------------------------------------------------------------------------------------------------- training loop
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a training run saw: its spec, losses, timings, costs (per device), prediction and MFU.
+
+    `to_record()` is the JSON body `workbench run --json` prints and the results store keeps; the fields derived
+    from others (step_s, tokens_per_s, mfu, replication, collectives) are properties so they cannot disagree.
+    """
+
+    config: ModelConfig
+    strategy: str
+    mesh: dict[str, int]
+    precision: str
+    precision_reason: str
+    compute_dtype: str
+    priced_dtype: str
+    batch_size: int
+    seq_len: int
+    microbatches: int
+    steps: int
+    seed: int
+    tokens_per_step: int
+    losses: tuple[float, ...]
+    val_losses: tuple[tuple[int, float], ...]      # (step, validation loss), step 0 first
+    unigram_baseline_val: float
+    final_metrics: dict[str, float]
+    measurement: Measurement | None                # the timed steps (median/IQR over them)
+    mfu_ceiling_flops: float | None                # FLOP/s of the whole mesh the MFU is taken against
+    mfu_note: str
+    model_flops_per_step: float
+    per_device_flops: float                        # the compiled program's count (CostReport.counted_flops)
+    compile_s: float
+    lower_s: float
+    params_total: int
+    cost: CostReport
+    prediction: Prediction | None
+    hardware: str | None
+    kernel_profile: dict | None
+    model_flops_causal_per_step: float = 0.0  # the attention term halved (a causal mask's work)
+    waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
+    kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
+
+    @property
+    def n_devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def val_loss(self) -> float:
+        return self.val_losses[-1][1]
+
+    @property
+    def step_s(self) -> float | None:
+        return self.measurement.median_s if self.measurement else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens_per_step / self.step_s if self.step_s else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model flops per step / step time / the ceiling (full-attention convention, see model_flops_convention)."""
+        if not (self.step_s and self.mfu_ceiling_flops):
+            return None
+        return self.model_flops_per_step / self.step_s / self.mfu_ceiling_flops
+
+    @property
+    def mfu_causal(self) -> float | None:
+        """As mfu, with the attention term halved (the causal-mask convention)."""
+        if not (self.step_s and self.mfu_ceiling_flops):
+            return None
+        return self.model_flops_causal_per_step / self.step_s / self.mfu_ceiling_flops
+
+    @property
+    def replication(self) -> float | None:
+        return self.per_device_flops * self.n_devices / self.model_flops_per_step if self.model_flops_per_step else None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "preset_config": self.config.to_dict(), "strategy": self.strategy, "mesh": dict(self.mesh),
+            "n_devices": self.n_devices, "precision": self.precision, "precision_reason": self.precision_reason,
+            "compute_dtype": self.compute_dtype, "priced_dtype": self.priced_dtype, "batch_size": self.batch_size,
+            "seq_len": self.seq_len, "microbatches": self.microbatches, "steps": self.steps, "seed": self.seed,
+            "tokens_per_step": self.tokens_per_step, "losses": list(self.losses),
+            "val_losses": [[s, v] for s, v in self.val_losses], "val_loss": self.val_loss,
+            "unigram_baseline_val": self.unigram_baseline_val, "final_metrics": dict(self.final_metrics),
+            "step_s": self.step_s, "step_s_iqr": self.measurement.iqr_s if self.measurement else None,
+            "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "mfu_ceiling_flops": self.mfu_ceiling_flops,
+            "mfu_note": self.mfu_note, "model_flops_per_step": self.model_flops_per_step,
+            "model_flops_convention": "train_flops_per_token (6N + 12*L*n_heads*head_dim*seq, full attention) x tokens",
+            "replication": self.replication,
+            "replication_note": "sum over devices of compiled per-device flops / analytic model flops per step "
+                                "(about 1 when no device repeats work; includes optimizer and elementwise flops)",
+            "collectives": self.cost.collectives_by_kind_and_axis(),
+            "collectives_by_kind": self.cost.collectives_by_kind(),
+            "compile_s": self.compile_s, "lower_s": self.lower_s, "params_total": self.params_total,
+            "cost": self.cost.to_dict(), "prediction": self.prediction.to_dict() if self.prediction else None,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "hardware": self.hardware, "kernel_profile": self.kernel_profile,
+            "mfu_causal": self.mfu_causal, "waterfall": self.waterfall, "kernel_classes": self.kernel_classes,
+        }
+
+
+def _ceiling(n_devices: int, dtype: str, hardware: str | None):
+    """(spec, FLOP/s ceiling for the whole mesh, note). Simulated CPU devices share the host: the host ceiling."""
+
+    if hardware is None:
+        return None, None, "no hardware ceiling requested"
+    if hardware == "auto":
+        if is_simulated():
+            spec = get_spec("host")
+            return spec, spec.peak(dtype), (f"{n_devices} simulated devices share this host: MFU is the whole mesh's "
+                                            "model flops against the calibrated host ceiling")
+        try:
+            spec = get_spec(jax.devices()[0].device_kind)
+        except WorkbenchError:
+            return None, None, f"device kind {jax.devices()[0].device_kind!r} not in the catalogue: no MFU"
+        return spec, spec.peak(dtype) * n_devices, f"ceiling: {n_devices} x {spec.name} peak ({spec.peak_dtype(dtype)})"
+    spec = get_spec(hardware)
+    mult = 1 if spec.kind == "cpu" else n_devices
+    return spec, spec.peak(dtype) * mult, f"ceiling: {mult} x {spec.name} peak"
+
+
+def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size: int = 8,
+                precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
+                seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
+                progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
+                profile_steps: int = 0, explain: bool = False) -> TrainResult:
+    """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
+
+    profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
+    joined with their costs as 'kernel_profile' (workbench.measure.harness.profile_kernels; not in the losses or timings),
+    with 'dot_floor' in it: the step's dots timed alone (workbench.measure.harness.dot_floor), 'step_floor_s' (their time
+    per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
+    took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
+
+    precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
+    calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
+    """
+
+    steps = int(steps)
+    if steps < 1:
+        raise WorkbenchError(f"--steps must be >= 1, got {steps}")
+    precision_reason = "requested"
+    if precision is None:
+        precision = default_precision()
+        precision_reason = ("default on a CPU host: XLA:CPU has no faster bfloat16 matmul path (it computes bf16 in "
+                            "float32)" if precision == "float32" else "default on accelerators")
+    if cfg.vocab_size < 256:
+        raise WorkbenchError(f"the byte-level corpus needs vocab_size >= 256, got {cfg.vocab_size}")
+    prog = build_train_step(cfg, policy=precision, mesh=mesh, strategy=strategy, batch_size=batch_size,
+                            seq_len=seq_len, microbatches=microbatches, seed=seed, learning_rate=learning_rate,
+                            total_steps=steps)
+    n_dev = mesh.size
+    batches = Batches(batch_size, prog.seq_len, seed)
+
+    abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
+    abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in prog.batch.items()}
+    comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=n_dev, analytic=analytic,
+                           compute_dtype=np.dtype(prog.policy.compute_dtype).name)
+    run = comp.compiled  # a jax Compiled: cannot recompile (a changed input raises instead of retracing)
+    cost = comp.cost
+
+    state = prog.state
+    val_batches = [shard_batch(batches.val(i), prog.batch_sharding) for i in range(eval_batches)]
+
+    def evaluate():
+        vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
+        return float(np.mean([float(v) for v in vals]))
+
+    eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
+    losses: list = []
+    metrics_log: list = []
+    val_losses: list[tuple[int, float]] = [(0, evaluate())]
+    next_batch = {"b": shard_batch(batches.train(0), prog.batch_sharding)}
+
+
+    bar = ProgressBar(steps, progress, "training")
+
+    def one_step(i):
+        nonlocal state
+        state, metrics = run(state, next_batch["b"])
+        next_batch["b"] = shard_batch(batches.train(i + 1), prog.batch_sharding)  # overlaps the device step
+        losses.append(metrics["loss"])
+        metrics_log.append(metrics)
+        bar.advance()
+        return metrics["loss"]
+
+    times: list[float] = []
+    untimed = 0
+    done = 0
+    with bar:
+        while done < steps:
+            chunk = min(eval_every - done % eval_every, steps - done)
+            if chunk >= 2:
+                m = measure_steps(lambda j, base=done: one_step(base + j), warmup=1, repeats=chunk - 1)
+                times.extend(m.times_s)
+                untimed += 1
+            else:
+                jax.block_until_ready(one_step(done))
+                untimed += 1
+            done += chunk
+            if done % eval_every == 0 or done == steps:
+                val_losses.append((done, evaluate()))
+    measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
+    losses_f = [float(x) for x in losses]
+    if not all(math.isfinite(x) for x in losses_f):
+        raise WorkbenchError(f"training diverged (loss {losses_f[-1]}); lower the learning rate")
+
+    an = analytics(cfg, prog.seq_len)
+    tokens = prog.tokens_per_step
+    model_flops_step = an["train_flops_per_token"] * tokens
+    per_device_flops = cost.counted_flops
+
+    dtype = np.dtype(prog.policy.compute_dtype).name
+    price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
+    spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
+    kernel_profile = None
+    if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
+
+        def traced_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
+        # the floor under the step: its dots alone (simulated devices share the host, so theirs add up)
+        floor = dot_floor(comp.hlo_text, ceiling_flops=ceiling)
+        floor["step_floor_s"] = floor["dot_s"] * (n_dev if mesh.devices.flat[0].platform == "cpu" else 1)
+        floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
+                              if (ceiling and floor["step_floor_s"]) else None)
+        kernel_profile["dot_floor"] = floor
+    prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
+    explained = None
+    if explain and spec is not None and measurement is not None:  # after the timed steps: traced ones are in neither
+
+        def explained_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        explained = explain_step(explained_step, comp.hlo_text, cost, spec, dtype=price_dtype, mesh=mesh,
+                                 step_s=measurement.median_s, model_flops=model_flops_step, ceiling_flops=ceiling,
+                                 model_flops_causal=an["train_flops_per_token_causal"] * tokens)
+    last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
+    base = unigram_baseline(batches.corpus)
+    return TrainResult(
+        config=cfg, strategy=prog.rules.name, mesh=dict(mesh.shape), precision=prog.policy.name,
+        precision_reason=precision_reason, compute_dtype=dtype, priced_dtype=price_dtype, batch_size=batch_size,
+        seq_len=prog.seq_len, microbatches=microbatches, steps=steps, seed=seed, tokens_per_step=tokens,
+        losses=tuple(losses_f), val_losses=tuple(val_losses), unigram_baseline_val=base["val_cross_entropy_nats"],
+        final_metrics=last, measurement=measurement, mfu_ceiling_flops=ceiling, mfu_note=ceiling_note,
+        model_flops_per_step=model_flops_step, per_device_flops=per_device_flops, compile_s=comp.compile_s,
+        lower_s=comp.lower_s, params_total=an["params_total"], cost=cost, prediction=prediction,
+        hardware=spec.name if spec else None, kernel_profile=kernel_profile,
+        model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
+        waterfall=explained[0].to_record() if explained else None,
+        kernel_classes=explained[1].to_record(top=15) if explained else None)
+

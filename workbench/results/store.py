@@ -1,0 +1,206 @@
+"""The one results store: append-only JSON Lines, one record per experiment.
+
+record = {id, kind, time, spec, costs, prediction, measurement, extra, provenance}
+Writes take an exclusive lock and go out as one write() of one complete line followed by fsync, so a crash never
+leaves a half record; a file whose last line is incomplete (a crash from outside, a hand edit) is refused with a
+one-line error rather than appended to or silently skipped.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import uuid
+from importlib import metadata
+from typing import Any
+
+from workbench.errors import WorkbenchError
+from workbench.hardware import hostmem
+
+SCHEMA = 1
+FILENAME = "records.jsonl"
+
+
+def default_dir() -> str:
+    return os.environ.get("WORKBENCH_RESULTS", os.path.join(os.getcwd(), "results"))
+
+
+def clean(o: Any):
+    """A JSON-ready copy: non-finite floats become None, numpy scalars and objects with to_dict() plain values."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    if hasattr(o, "to_dict") and callable(o.to_dict):
+        return clean(o.to_dict())
+    if hasattr(o, "item") and callable(o.item):
+        return clean(o.item())
+    return o
+
+
+class Store:
+    def __init__(self, path: str | None = None):
+        path = path or default_dir()
+        self.path = path if path.endswith(".jsonl") else os.path.join(path, FILENAME)
+
+    def append(self, record: dict) -> dict:
+        """Append one record atomically (one complete line). Returns the record as stored."""
+        line = json.dumps(clean(record), default=str, allow_nan=False) + "\n"
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if size > 0:
+                os.lseek(fd, size - 1, os.SEEK_SET)
+                if os.read(fd, 1) != b"\n":
+                    raise WorkbenchError(f"{self.path} ends in an incomplete record; move it aside or delete its "
+                                         "last line, then rerun (nothing was written)")
+            data = line.encode()
+            written = os.write(fd, data)
+            if written != len(data):
+                os.ftruncate(fd, size)
+                raise WorkbenchError(f"short write to {self.path}; the partial record was removed")
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return json.loads(line)
+
+    def records(self, kind: str | None = None) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        out = []
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise WorkbenchError(f"{self.path}:{n} is not a JSON record (corrupt results file); "
+                                             "fix or remove that line") from None
+                    if not isinstance(r, dict):
+                        raise WorkbenchError(f"{self.path}:{n} is not a record object; fix or remove that line")
+                    if kind is None or r.get("kind") == kind:
+                        out.append(r)
+        except UnicodeDecodeError:
+            raise WorkbenchError(f"{self.path} is not UTF-8 text (corrupt results file)") from None
+        except OSError as e:
+            raise WorkbenchError(f"cannot read {self.path}: {e.strerror}") from None
+        return out
+
+    def query(self, kind: str | None = None, sweep: str | None = None, since: str | None = None, **spec):
+        """Records as a DataFrame (see load), filtered: `kind`; `sweep` (a sweep's name or id); `since` (ISO date or
+        time, compared with provenance.time); any other keyword must equal that key of the record's spec
+        (`op="matmul"`). Every notebook reads the store through this."""
+        import pandas as pd  # noqa: PLC0415
+
+        recs = []
+        for r in self.records(kind):
+            prov = r.get("provenance") or {}
+            sw = prov.get("sweep") or {}
+            if sweep is not None and sweep not in (sw.get("name"), sw.get("id")):
+                continue
+            if since is not None and str(prov.get("time", "")) < since:
+                continue
+            if any((r.get("spec") or {}).get(k) != v for k, v in spec.items()):
+                continue
+            recs.append(r)
+        return self._frame(recs) if recs else pd.DataFrame()
+
+    def load(self, kind: str | None = None):
+        """Records as a pandas DataFrame, nested fields flattened with dots (costs.flops, prediction.bound...)."""
+        import pandas as pd  # noqa: PLC0415
+
+        recs = self.records(kind)
+        return self._frame(recs) if recs else pd.DataFrame()
+
+    @staticmethod
+    def _frame(recs: list[dict]):
+        import pandas as pd  # noqa: PLC0415
+
+        slim = []
+        for r in recs:
+            r = dict(r)
+            if isinstance(r.get("costs"), dict):
+                r["costs"] = {k: v for k, v in r["costs"].items() if k not in ("kernels", "collectives")}
+            slim.append(r)
+        return pd.json_normalize(slim, max_level=2)
+
+
+def git_info() -> dict:
+    """The code's commit and whether the work tree has uncommitted changes to tracked files (None outside git)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+        return {"git_sha": sha, "git_dirty": dirty}
+    except Exception:
+        return {"git_sha": None, "git_dirty": None}
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(seed: int | None = None) -> dict:
+    """Where a record came from: code (commit, dirty flag), packages (jax, jaxlib, libtpu, flax), XLA flags, host and
+    its calibration fingerprint, devices, date; and, inside `workbench sweep`, the sweep and point it belongs to."""
+    import jax  # noqa: PLC0415 - the store itself stays importable without JAX (fast CLI start-up)
+    import jaxlib  # noqa: PLC0415
+
+    try:
+        import flax
+
+        flax_v = flax.__version__
+    except Exception:
+        flax_v = None
+    devs = jax.devices()
+    return {
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax_v,
+        "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(), "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **git_info(),
+        "libtpu": _version("libtpu"), "host_fingerprint": host_fingerprint(),
+        **({"sweep": json.loads(os.environ["WORKBENCH_SWEEP"])} if os.environ.get("WORKBENCH_SWEEP") else {}),
+    }
+
+
+def host_fingerprint() -> str:
+    """A short id of this host's CPU, cores and memory (the calibration cache is keyed by it plus the jax version)."""
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "mem": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["model"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def make_record(kind: str, spec: dict, cost=None, prediction=None, measurement=None, extra: dict | None = None,
+                seed: int | None = None) -> dict:
+    """One record: spec + CostReport + Prediction + Measurement + provenance (+ study-specific extra)."""
+    return {
+        "schema": SCHEMA, "id": uuid.uuid4().hex[:12], "kind": kind, "spec": spec,
+        "costs": cost.to_dict() if hasattr(cost, "to_dict") else cost,
+        "prediction": prediction.to_dict() if hasattr(prediction, "to_dict") else prediction,
+        "measurement": measurement.to_dict() if hasattr(measurement, "to_dict") else measurement,
+        "extra": extra or {}, "provenance": provenance(seed),
+    }

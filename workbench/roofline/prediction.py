@@ -1,0 +1,213 @@
+"""Roofline prediction: HardwareSpec × CostReport → Prediction (per device; whole mesh on one host when simulated).
+
+Terms (seconds):
+    compute_s       = flops / peak(dtype) + transcendentals / special-function rate (when the chip's rate is known)
+    memory_s        = bytes / memory bandwidth (+ on the host: fresh large outputs / first-touch rate, see calibrate)
+    comm_s          = Σ collective_time(kind, payload, group, interconnect) (partitioning/collectives.py)
+    kernel_s        = Σ over kernels of max(kernel compute, kernel memory) (+ on the host the measured per-call
+                      overhead): kernels run one after another, each bounded by its own roof (a program of many
+                      small memory-bound fusions is not saved by one big compute-bound matmul). On the host a
+                      kernel's matmuls run at the measured rate for their size (calibrate's rate-against-size
+                      curve), not at the peak. Used when the HLO kernel flops account for the compiler's total
+                      (within 10%); otherwise max(compute_s, memory_s) and a note says why.
+    predicted_serial_s  = kernel_s + comm_s            (no compute/communication overlap)
+    predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline) — except on a simulated
+                          mesh, where collectives are copies on the same cores as the kernels: kernel_s + comm_s
+    bound           = the largest of compute_s, memory_s, comm_s
+    intensity       = flops / bytes;  ridge = peak / bandwidth
+
+Simulated CPU meshes: the devices share this host's cores and memory, so the whole mesh's work (per-device costs ×
+device count) is predicted against the host ceilings, and collectives are host-memory traffic. The record says so
+(`scope`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from partitioning.collectives import collective_time
+from workbench.cost.report import CostReport
+from workbench.hardware.spec import HardwareSpec, Interconnect, dtype_name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prediction:
+    target: str
+    scope: str  # 'per_device' | 'whole_mesh_on_host'
+    dtype: str  # the compute dtype priced
+    peak_dtype: str  # the catalogue entry that priced it (differs when the chip lacks units for `dtype`)
+    peak_flops: float
+    memory_bw: float
+    flops: float
+    bytes: float
+    transcendentals: float
+    compute_s: float
+    transcendental_s: float
+    memory_s: float
+    comm_s: float
+    kernel_s: float
+    predicted_s: float
+    predicted_serial_s: float
+    intensity: float
+    ridge: float
+    bound: str
+    n_devices: int
+    comm_by_kind_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    # the memory bandwidth band the spec was calibrated with (host: lowest and highest stream sample) and the
+    # predicted_s at each end of it (low bandwidth -> the slower prediction); None where the spec has no band
+    memory_bw_band: tuple[float, float] | None = None
+    predicted_s_band: tuple[float, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def explain(self) -> str:
+        """One line: what bounds the program and by how much."""
+        terms = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.comm_s}
+        ordered = sorted(terms.items(), key=lambda kv: -kv[1])
+        (b, tb), (s, ts) = ordered[0], ordered[1]
+        ratio = f"{tb / ts:.1f}× the {s} term" if ts > 0 else "the only non-zero term"
+        return (f"{b}-bound on {self.target}: {b} {tb:.3g}s is {ratio}; intensity {self.intensity:.3g} FLOP/B vs "
+                f"ridge {self.ridge:.3g}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTime:
+    """One kernel's predicted time at its own roof (per execution, one device)."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    roof: str  # 'compute' | 'memory'
+
+
+def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None) -> KernelTime:
+    """max(kernel compute, kernel memory) of one KernelCost (workbench.cost.hlo) on `spec`, per execution.
+
+    compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
+    has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
+    memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
+    pdt = spec.peak_dtype(dtype)
+    peak = spec.peak_flops[pdt]
+    rate = spec.transcendentals_per_s
+    t_tr = k.transcendentals / rate if rate else 0.0
+    if spec.matmul_curve and k.dot_flops:
+        kc = k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak + t_tr
+    else:
+        kc = k.flops / peak + t_tr
+    km = k.bytes / (memory_bw or spec.hbm_bw)
+    launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
+    return KernelTime(max(kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
+
+
+def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
+    """Simulated devices exchange through this host's memory: its bandwidth, and per collective the measured
+    rendezvous cost (every device's thread must arrive; per device, so the mesh's sum is the wall time)."""
+    return Interconnect("host-memory", bw, 1, latency_s=spec.collective_latency_s or 0.0)
+
+
+def memory_bw(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool) -> tuple[float, str | None]:
+    """(bytes/s, note): the in-cache bandwidth when the program's whole working set (all devices' on a simulated
+    mesh) fits in half the last-level cache, else the memory bandwidth."""
+    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
+    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
+        return spec.onchip_bw, (f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} "
+                                "MiB last-level cache: memory priced at the measured in-cache bandwidth")
+    return spec.hbm_bw, None
+
+
+def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh: bool | None = None,
+            torus_axes: int = 1) -> Prediction:
+    """Predict one execution of the program that `cost` describes on `spec`.
+
+    simulated_mesh: the costs come from devices simulated on this host (default: spec is the host and the program
+    ran on more than one CPU device) → whole-mesh work against the host ceilings.
+    """
+    notes: list[str] = list(cost.notes)
+    if simulated_mesh is None:
+        simulated_mesh = spec.kind == "cpu" and cost.n_devices > 1
+    d = dtype_name(dtype or cost.compute_dtype)
+    pdt = spec.peak_dtype(d)
+    if pdt != d:
+        notes.append(f"{spec.name} has no {d} units in the catalogue: priced at its {pdt} peak")
+    peak = spec.peak_flops[pdt]
+    bw, bw_note = memory_bw(cost, spec, simulated_mesh)
+    if bw_note:
+        notes.append(bw_note)
+    mult = cost.n_devices if simulated_mesh else 1
+    scope = "whole_mesh_on_host" if simulated_mesh else "per_device"
+    if simulated_mesh:
+        notes.append(f"{cost.n_devices} simulated devices share this host: the whole mesh's work "
+                     f"({cost.n_devices} × per-device costs) is predicted against the host ceilings")
+
+    use_hlo = cost.uses_hlo_counts
+    flops = cost.counted_flops * mult
+    nbytes = cost.counted_bytes * mult
+    trans = cost.counted_transcendentals * mult
+    rate = spec.transcendentals_per_s
+    if rate:
+        t_trans = trans / rate
+    else:
+        t_trans = 0.0
+        if trans:
+            notes.append(f"{spec.name}: special-function rate unpublished; transcendental term omitted")
+    if not use_hlo and cost.kernels and cost.hlo_bytes > 0 and cost.bytes_accessed > 5 * cost.hlo_bytes:
+        notes.append(f"the compiler's bytes accessed ({cost.bytes_accessed:.3g}) are {cost.bytes_accessed / cost.hlo_bytes:.0f}× "
+                     f"the HLO kernels' bytes in + out ({cost.hlo_bytes:.3g}): one op may be mispriced by cost_analysis; "
+                     "the memory term uses the compiler's figure")
+    t_compute = flops / peak + t_trans
+    t_mem = nbytes / bw
+    t_touch = 0.0
+    if spec.first_touch_bw and cost.large_output_bytes:
+        t_touch = cost.large_output_bytes * mult / spec.first_touch_bw
+        t_mem += t_touch
+        notes.append(f"host: {cost.large_output_bytes * mult / 2**20:.0f} MiB of fresh large outputs are page-faulted "
+                     f"in every call (+{t_touch:.3g}s at the calibrated first-touch rate)")
+
+    # communication: the interconnect of the spec, or host memory for simulated devices
+    ic = spec.interconnect
+    if simulated_mesh:
+        ic = host_interconnect(spec, spec.hbm_bw)
+    comm_by_kind: dict[str, float] = {}
+    for c in cost.collectives:
+        t = collective_time(c.kind, c.payload_bytes, c.group_size, ic, torus_axes=torus_axes) * c.count * mult
+        comm_by_kind[c.kind] = comm_by_kind.get(c.kind, 0.0) + t
+    t_comm = sum(comm_by_kind.values())
+
+    # kernel-level roofline (each kernel bounded by its own roof)
+    kflops = sum(k.flops * k.count for k in cost.kernels)
+    ref = cost.hlo_flops if use_hlo else cost.flops
+    if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
+        t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw).seconds * k.count for k in cost.kernels)
+        t_kernels = t_kernels * mult + t_touch
+    else:
+        t_kernels = max(t_compute, t_mem)
+        if cost.kernels:
+            notes.append(f"HLO kernel flops ({kflops:.3g}) do not account for the compiler's ({ref:.3g}); "
+                         "program-level roofline used")
+    if simulated_mesh and t_comm:
+        notes.append("simulated devices: collectives are copies on the same cores as the kernels, so nothing hides "
+                     "them: predicted_s = kernel_s + comm_s")
+    if spec.call_overhead_s:
+        t_kernels += spec.call_overhead_s
+        notes.append(f"includes the measured per-call overhead {spec.call_overhead_s * 1e6:.0f} µs")
+    intensity = flops / nbytes if nbytes else math.inf
+    terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm}
+    bound = max(terms, key=terms.get)
+    band = pred_band = None
+    if spec.hbm_bw_range and bw == spec.hbm_bw:
+        lo, hi = spec.hbm_bw_range
+        band = (lo, hi)
+        ends = [predict(cost, dataclasses.replace(spec, hbm_bw=b, hbm_bw_range=None), dtype=dtype,
+                        simulated_mesh=simulated_mesh, torus_axes=torus_axes).predicted_s for b in (hi, lo)]
+        pred_band = (min(ends), max(ends))
+    return Prediction(
+        target=spec.name, scope=scope, dtype=d, peak_dtype=pdt, peak_flops=peak, memory_bw=bw, flops=flops,
+        bytes=nbytes, transcendentals=trans, compute_s=t_compute, transcendental_s=t_trans, memory_s=t_mem,
+        comm_s=t_comm, kernel_s=t_kernels,
+        predicted_s=(t_kernels + t_comm) if simulated_mesh else max(t_kernels, t_comm),
+        predicted_serial_s=t_kernels + t_comm, intensity=intensity, ridge=peak / bw, bound=bound,
+        n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind, notes=tuple(dict.fromkeys(notes)),
+        memory_bw_band=band, predicted_s_band=pred_band)
