@@ -133,7 +133,7 @@ def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:
     return n in curve or cal.get("matmul", {}).get(dtype, {}).get("n") == n
 
 
-def run_ops(ops, cal: dict, repeats: int) -> list[dict]:
+def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
 
     rows = []
     for name, builder, sizes, dtype in ops:
@@ -148,6 +148,8 @@ def run_ops(ops, cal: dict, repeats: int) -> list[dict]:
                      "in_sample": in_sample(builder, sizes, dtype, cal), "bound": s["bound"],
                      "predicted_s_band": rec["prediction"].get("predicted_s_band"),
                      "wide_spread": s["wide_spread"]})
+        if save:
+            save(rows, [])
     return rows
 
 
@@ -198,7 +200,7 @@ def run_worker(spec: dict) -> dict:
             "compile_s": comp.compile_s, "n_devices": n, "kernel_classes": classes}
 
 
-def run_programs(programs, *, kernels: bool, timeout: int = 900) -> list[dict]:
+def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None) -> list[dict]:
     rows = []
     for name, spec in programs:
         print(f"program: {name}", file=sys.stderr, flush=True)
@@ -215,6 +217,8 @@ def run_programs(programs, *, kernels: bool, timeout: int = 900) -> list[dict]:
         rows.append({"name": name, "config": spec, "predicted_s": pr, "measured_s": me, "error": abs(pr - me) / me,
                      "signed_error": pr / me - 1, "in_sample": False, **{k: v for k, v in r.items()
                                                                          if k not in ("predicted_s", "measured_s")}})
+        if save:
+            save(None, rows)
     return rows
 
 
@@ -233,6 +237,24 @@ def class_totals(programs: list[dict]) -> dict:
     for t in tot.values():
         t["error"] = t["predicted_s"] / t["measured_s"] - 1 if t["measured_s"] else None
     return tot
+
+
+def report(ops: list[dict], programs: list[dict], before: dict, after: dict | None) -> dict:
+    """The JSON report (see the module docstring); `after` None: the run has not finished (no drift yet)."""
+    drift = None
+    if after is not None:
+        drift = {"matmul_float32": after["matmul"]["float32"]["flops_per_s"] / before["matmul"]["float32"]["flops_per_s"]
+                 - 1, "stream": after["stream"]["bytes_per_s"] / before["stream"]["bytes_per_s"] - 1,
+                 "stream_range_before": before["stream"].get("range_bytes_per_s"),
+                 "stream_range_after": after["stream"].get("range_bytes_per_s")}
+    held = [o for o in ops if not o["in_sample"]]
+    return {"ops": ops, "programs": programs, "complete": after is not None,
+            "median_error_ops_heldout": _median(o["error"] for o in held),
+            "median_error_ops_in_sample": _median(o["error"] for o in ops if o["in_sample"]),
+            "median_error_programs": _median(p["error"] for p in programs),
+            "kernel_classes": class_totals(programs), "calibration_drift": drift,
+            "findings": before.get("findings", []) + [f"(end) {f}" for f in (after or {}).get("findings", [])],
+            "n_ops_heldout": len(held), "n_programs": len([p for p in programs if p.get("error") is not None])}
 
 
 def _median(xs):
@@ -255,29 +277,30 @@ def main(argv=None) -> dict:
 
     request_devices(None)
     before = load_or_calibrate(force=True, quick=args.quick)
-    ops = run_ops((QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT), before, repeats=5 if args.quick else 10)
+    done = {"ops": [], "programs": []}
+
+    def save(ops_rows=None, program_rows=None, after=None):
+        """Write the report so far (a partial one after every row: an interrupted run keeps what it measured)."""
+        if ops_rows is not None:
+            done["ops"] = ops_rows
+        if program_rows is not None:
+            done["programs"] = program_rows
+        out = report(done["ops"], done["programs"], before, after)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+        return out
+
+    ops = run_ops((QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT), before, repeats=5 if args.quick else 10,
+                  save=save)
     programs = [] if args.no_programs else run_programs(QUICK_PROGRAMS if args.quick else PROGRAMS,
-                                                       kernels=not args.no_kernels)
+                                                       kernels=not args.no_kernels, save=save)
     after = load_or_calibrate(force=True, quick=args.quick)
-    drift = {"matmul_float32": after["matmul"]["float32"]["flops_per_s"] / before["matmul"]["float32"]["flops_per_s"] - 1,
-             "stream": after["stream"]["bytes_per_s"] / before["stream"]["bytes_per_s"] - 1,
-             "stream_range_before": before["stream"].get("range_bytes_per_s"),
-             "stream_range_after": after["stream"].get("range_bytes_per_s")}
-    held = [o for o in ops if not o["in_sample"]]
-    out = {"ops": ops, "programs": programs,
-           "median_error_ops_heldout": _median(o["error"] for o in held),
-           "median_error_ops_in_sample": _median(o["error"] for o in ops if o["in_sample"]),
-           "median_error_programs": _median(p["error"] for p in programs),
-           "kernel_classes": class_totals(programs), "calibration_drift": drift,
-           "findings": before.get("findings", []) + [f"(end) {f}" for f in after.get("findings", [])],
-           "n_ops_heldout": len(held), "n_programs": len([p for p in programs if p.get("error") is not None])}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2, default=str)
+    out = save(ops, programs, after)
+    drift = out["calibration_drift"]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-
         cols = ["name", "in_sample", "predicted_s", "measured_s", "signed_error"]
         print_table(ops, cols, title="ops: predicted vs measured on this host")
         print_table(programs, cols, title="whole programs")
