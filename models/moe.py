@@ -13,7 +13,7 @@ The pipeline (each step a function below, testable alone):
 Letters: t tokens (batch·sequence flattened), g token groups, e experts, c capacity slots, d d_model, f d_ff,
 k top-k choices.
 
-Conventions (stated once, tested in tests/test_moe.py):
+Conventions (stated once, tested in tests/models/test_moe.py):
 - Capacity per expert (per token group) C = min(T, ceil(capacity_factor · T · k / E)); capacity_factor=None is dropless.
 - Drop priority (token-choice with capacity): every token's first choice is placed before any token's second choice,
   and within a choice rank earlier tokens (batch-major, then sequence position) win. So a token loses its

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from workbench.errors import WorkbenchError, positive_int
+from workbench.errors import finite_number, positive_int
 from workbench.hardware.devices import default_platform, request_devices
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
@@ -40,8 +40,7 @@ def register(app: typer.Typer) -> None:
         positive_int("--tokens", tokens)
         positive_int("--experts", experts)
         positive_int("--ep", ep)
-        if skew < 0:
-            raise WorkbenchError(f"--skew must be >= 0, got {skew}")
+        finite_number("--skew", skew, minimum=0)
         default_platform()
         out = route_stats(tokens, experts, top_k, capacity_factor, router, score, skew, seed, ep)
         if as_json:
@@ -78,6 +77,11 @@ def register(app: typer.Typer) -> None:
         """Compile one MoE layer on a mesh: flops of routing/dispatch vs experts, all-to-all bytes, predictions."""
         from workbench.programs.moe import layer_costs
 
+        for name, v in (("--tokens", tokens), ("--seq", seq), ("--d-model", d_model), ("--d-ff", d_ff),
+                        ("--experts", experts), ("--top-k", top_k)):
+            positive_int(name, v)
+        if capacity_factor is not None and not dropless:
+            finite_number("--capacity-factor", capacity_factor, minimum=0, strictly_above=True)
         request_devices(positive_int("--devices", devices))
         cf = None if dropless else capacity_factor
         out, cost = layer_costs(tokens=tokens, seq=seq, d_model=d_model, d_ff=d_ff, experts=experts, top_k=top_k,

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from models.presets import get_config
-from workbench.errors import positive_int
+from workbench.errors import finite_number, positive_int
 from workbench.hardware.devices import request_devices
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
@@ -52,6 +52,12 @@ def register(app: typer.Typer) -> None:
         steps = positive_int("--steps", steps)
         batch = positive_int("--batch", batch)
         microbatches = positive_int("--microbatches", microbatches)
+        if seq is not None:
+            positive_int("--seq", seq)
+        if eval_every is not None:
+            positive_int("--eval-every", eval_every)
+        if lr is not None:
+            finite_number("--lr", lr, minimum=0, strictly_above=True)
         n = request_devices(devices)  # before anything touches jax devices
 
         from partitioning.mesh import make_mesh

@@ -100,4 +100,4 @@ def check_fits(needed_bytes: float, what: str, fix: str, margin: float = 0.8) ->
     free = available_bytes()
     if free is not None and needed_bytes > margin * free:
         raise WorkbenchError(f"{what} needs {needed_bytes / 2**30:.3g} GiB but this host has {free / 2**30:.3g} GiB "
-                             f"free; {fix}")
+                             f"available; {fix}")

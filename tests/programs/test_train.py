@@ -152,12 +152,13 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     import json
 
     import workbench.hardware.spec as hw
+    import workbench.programs.train as train
     from workbench.cli import main
     from workbench.results.store import Store
 
     fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu")
-    real = hw.get_spec
-    monkeypatch.setattr(hw, "get_spec", lambda name, **kw: fake if name == "host" else real(name, **kw))
+    real = train.get_spec  # workbench.measure.calibrate.get_spec, as train imported it
+    monkeypatch.setattr(train, "get_spec", lambda name, **kw: fake if name == "host" else real(name, **kw))
     main(["run", "--preset", "tiny", "--strategy", "fsdp+tp", "--mesh", "data=2,model=4", "--devices", "8",
           "--steps", "4", "--profile", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ from workbench.errors import WorkbenchError
 from workbench.programs import sweep as sw
 from workbench.results.store import Store, make_record
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GRID = """# a grid over matmul sizes, predicted for a TPU chip
 [sweep]
@@ -134,7 +134,8 @@ def test_notebooks_execute_on_a_small_store(tmp_path):
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-1500:]
     res = json.loads(p.stdout)
-    assert all(n["ok"] for n in res["notebooks"]) and len(res["notebooks"]) == len([n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".py")])
+    notebooks = [n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".py")]
+    assert all(n["ok"] for n in res["notebooks"]) and len(res["notebooks"]) == len(notebooks)
     for tex in res["tables"]:
         text = open(tex).read()
         assert text.startswith("% provenance: commit ") and r"\toprule" in text

@@ -1,0 +1,48 @@
+"""The results store (append-only JSON Lines, provenance, torn writes) and its figures."""
+import json
+import os
+
+import jax
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.results.store import Store, make_record
+
+
+def test_store_roundtrip_and_dataframe(tmp_path):
+    st = Store(str(tmp_path))
+    r = st.append(make_record("t", {"op": "x"}, extra={"v": float("nan")}, seed=3))
+    st.append(make_record("u", {"op": "y"}))
+    assert [x["id"] for x in st.records()][0] == r["id"]
+    assert r["extra"]["v"] is None and r["provenance"]["seed"] == 3 and r["provenance"]["jax"] == jax.__version__
+    df = st.load()
+    assert len(df) == 2 and "spec.op" in df.columns
+    assert len(st.records("u")) == 1
+
+
+def test_corrupt_and_incomplete_files(tmp_path):
+    st = Store(str(tmp_path))
+    st.append(make_record("t", {}))
+    before = open(st.path).read()
+    with open(st.path, "a") as f:
+        f.write('{"half": ')  # a torn write from outside
+    with pytest.raises(WorkbenchError, match="incomplete record"):
+        st.append(make_record("t", {}))
+    assert open(st.path).read() == before + '{"half": ', "nothing appended to a damaged file"
+    with pytest.raises(WorkbenchError, match=r"records.jsonl:2"):
+        st.records()
+    assert json.loads(before)["kind"] == "t"
+    os.remove(st.path)
+    assert st.records() == []
+
+
+def test_mfu_chart_writes_a_png(tmp_path):
+    from workbench.results.figures import mfu_chart
+
+    rows = [{"devices": d, "strategy": "dp", "mesh": f"data={d}", "batch": 8, "mfu": m,
+             "mfu_bound": b,
+             "kernel_profile": {"kernel_ms": 10.0, "classes": {"matmul": {"ms": 7.0}, "collective": {"ms": 3.0}}}}
+            for d, m, b in ((1, 0.5, 0.85), (8, 0.4, None))]
+    path = mfu_chart(rows, str(tmp_path / "mfu.png"), targets={1: 0.8, 8: 0.65})
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
