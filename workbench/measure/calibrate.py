@@ -237,7 +237,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     nel = nbytes // 4
     # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
     sf = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
-    stream_samples = [_stream_sample(sf, nel, dev, reps, quiet, "start")[0]]
+    stream_samples = [_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "start")[0]]
     # matmuls
     n = 512 if quick else 2048
     mm = {}
@@ -322,8 +322,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["kernel_launch"] = measure_kernel_launch(dev, reps)
     if not quick:
         _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
-        out["rendezvous"] = measure_rendezvous(8, reps)
-    stream_samples.append(_stream_sample(sf, nel, dev, reps, quiet, "end")[0])
+        out["rendezvous"] = measure_rendezvous(8, 5)
+    stream_samples.append(_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "end")[0])
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
                          bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
@@ -486,11 +486,11 @@ print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count
 
 def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
     """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
-    is fixed when JAX starts): chains of 4 and 36 dependent all-reduces of one float per device; the slope is the
+    is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float per device; the slope is the
     wall time of one rendezvous (every device's thread must arrive; on a few cores that means scheduling them all).
     None when the subprocess fails."""
     res = {}
-    for k in (4, 36):
+    for k in (4, 20):
         try:
             p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), str(k), str(reps)],
                                capture_output=True, text=True, timeout=300,
@@ -498,9 +498,9 @@ def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
             res[k] = json.loads(p.stdout.strip().splitlines()[-1])
         except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
             return None
-    apart = res[36]["collectives"] - res[4]["collectives"]
-    wall = max(res[36]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
+    apart = res[20]["collectives"] - res[4]["collectives"]
+    wall = max(res[20]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
     return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
             "chain_s": {str(k): v["median_s"] for k, v in res.items()}, "collectives_apart": apart,
-            "how": f"chains of 4 and 36 dependent psums of one float on {n_devices} simulated devices, each in a "
+            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, each in a "
                    "fresh process: slope of the wall time per collective"}
