@@ -2,16 +2,18 @@
 
 Trains on the stdlib corpus and records losses, validation loss, step time, tokens/s, MFU, the CostReport, the
 prediction, the replication factor and the collectives by kind and mesh axis in the results store.
+Several processes (`--processes N`, or a cluster's: workbench/programs/distributed.py) and orbax checkpoints
+(`--checkpoint-dir`, `--resume`: workbench/programs/checkpoint.py); see docs/distributed.md.
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
 
 from models.presets import get_config
-from workbench.errors import finite_number, positive_int
-from workbench.hardware.devices import request_devices
+from workbench.errors import WorkbenchError, finite_number, positive_int
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
 from workbench.results.waterfall import attach_waterfall
@@ -19,11 +21,27 @@ from workbench.results.waterfall import attach_waterfall
 SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
                 "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
                 "collectives", "params_total", "compile_s", "hardware")
+DISTRIBUTED_KEYS = ("processes", "hosts", "first_step", "resumed_from_step", "loss_history", "checkpoint")
+
+
+def _child_args(ctx) -> list[str]:
+    """This command line for the processes of a local group: every option given, less --processes."""
+    out = [ctx.info_name]
+    for p in ctx.command.params:
+        value = ctx.params.get(p.name)
+        if p.name == "processes" or value is None or value == p.default:
+            continue
+        if p.is_flag:
+            out += [p.opts[0]] if value else []
+        else:
+            out += [p.opts[0], str(value)]
+    return out
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
+        ctx: typer.Context,
         preset: str = typer.Option(..., "--preset", help="model preset (see `workbench model-info`)"),
         strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep"),
         mesh: Optional[str] = typer.Option(None, "--mesh", help="mesh spec, e.g. data=2,model=4 (default: data=N)"),
@@ -46,6 +64,21 @@ def register(app: typer.Typer) -> None:
         explain: bool = typer.Option(False, "--explain", help="trace 2 more steps and explain the step from ideal "
                                      "to measured: JSON key `waterfall` (terms predicted and measured), "
                                      "reports/run-<record>/waterfall.png, MFU in both attention conventions"),
+        # beyond one process (docs/distributed.md)
+        processes: int = typer.Option(1, "--processes", help="start N local processes joined by jax.distributed, "
+                                      "each owning --devices/N devices of one global mesh"),
+        coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of process 0 (with "
+                                                  "--num-processes and --process-id, on every process)"),
+        num_processes: Optional[int] = typer.Option(None, "--num-processes", help="processes in the group"),
+        process_id: Optional[int] = typer.Option(None, "--process-id", help="this process's id, 0..N-1"),
+        distributed: bool = typer.Option(False, "--distributed", help="join the group the cluster's environment "
+                                         "describes (Cloud TPU pod slice, SLURM, Open MPI, Kubernetes)"),
+        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="save orbax checkpoints here"),
+        checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
+                                                       help="save every K steps (default: after the last step)"),
+        keep_checkpoints: int = typer.Option(3, "--keep-checkpoints", help="keep the newest K checkpoints"),
+        resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in "
+                                    "--checkpoint-dir (any mesh, strategy or process count)"),
     ):
         """Train a model preset with a partitioning strategy on a mesh; record losses, timing, MFU and costs."""
 
@@ -58,7 +91,24 @@ def register(app: typer.Typer) -> None:
             positive_int("--eval-every", eval_every)
         if lr is not None:
             finite_number("--lr", lr, minimum=0, strictly_above=True)
-        n = request_devices(devices)  # before anything touches jax devices
+        from workbench.programs import distributed as dist
+        from workbench.programs.checkpoint import CheckpointSpec
+
+        dist.check_request(processes, devices, coordinator, num_processes, process_id, distributed)
+        if (checkpoint_every is not None or resume) and checkpoint_dir is None:
+            raise WorkbenchError("--checkpoint-every and --resume need --checkpoint-dir")
+        ckpt = (CheckpointSpec(checkpoint_dir, checkpoint_every, resume, keep_checkpoints)
+                if checkpoint_dir is not None else None)  # validated here: a bad directory stops every process
+        if processes > 1:  # this process starts the group and waits; JAX never starts here
+            rc, why = dist.launch_local(_child_args(ctx), processes)
+            if why:
+                raise dist.GroupFailed(why, rc)
+            if rc:
+                sys.exit(rc)  # process 0 failed and said why
+            return
+        group = dist.join(devices, coordinator=coordinator, num_processes=num_processes, process_id=process_id,
+                          distributed=distributed)  # before anything touches jax devices
+        n = group.global_devices
 
         from partitioning.mesh import make_mesh
         from workbench.programs.train import train_model
@@ -67,15 +117,20 @@ def register(app: typer.Typer) -> None:
         m = make_mesh(mesh or f"data={n}")
         result = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                              seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
-                             progress=True, profile_steps=2 if profile else 0, explain=explain)
+                             progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt,
+                             explain=explain)
+        if not group.primary:  # process 0 prints and records
+            return
         r = result.to_record()
+        r.update(process_group=group.to_record())
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
-                "microbatches": microbatches, "precision": r["precision"], "seed": seed}
+                "microbatches": microbatches, "precision": r["precision"], "seed": seed,
+                "processes": group.processes}
         extra = {k: v for k, v in r.items() if k not in ("cost", "prediction", "measurement")}
         rec = make_record("train", spec, result.cost, result.prediction, result.measurement, extra=extra, seed=seed)
         Store().append(rec)
-        summary = {k: r[k] for k in SUMMARY_KEYS}
+        summary = {k: r[k] for k in SUMMARY_KEYS + DISTRIBUTED_KEYS}
         summary.update(preset=preset, record_id=rec["id"],
                        predicted_step_s=(r["prediction"] or {}).get("predicted_s"),
                        bound=(r["prediction"] or {}).get("bound"),

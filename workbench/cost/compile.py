@@ -41,10 +41,13 @@ def is_resource_exhausted(e: BaseException) -> bool:
 
 
 def compile_program(fn: Callable, *args, jit_kwargs: dict | None = None, mesh=None, n_devices: int | None = None,
-                    analytic: bool = True, compute_dtype: str | None = None, **kwargs) -> Compiled:
+                    analytic: bool = True, compute_dtype: str | None = None, compiler_options: dict | None = None,
+                    **kwargs) -> Compiled:
     """jit(fn).lower(*args).compile() with abstract (ShapeDtypeStruct, possibly sharded) or concrete args.
 
-    `fn` may already be jitted. A compile that runs out of device memory raises DoesNotFit with the compiler's words.
+    `fn` may already be jitted. `compiler_options` go to this compile only (XLA debug options such as
+    xla_disable_hlo_passes: `lowered.compile(compiler_options=...)`, no process-wide XLA_FLAGS).
+    A compile that runs out of device memory raises DoesNotFit with the compiler's words.
     """
     import jax
 
@@ -53,7 +56,7 @@ def compile_program(fn: Callable, *args, jit_kwargs: dict | None = None, mesh=No
     lowered = jitted.lower(*args, **kwargs)
     t1 = time.perf_counter()
     try:
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
     except Exception as e:
         if is_resource_exhausted(e):
             raise DoesNotFit(str(e).strip().splitlines()[0][:400]) from e

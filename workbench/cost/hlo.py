@@ -223,6 +223,8 @@ class KernelCost:
     count: int = 1
     dot_flops: float = 0.0  # of `flops`, those in dots/convolutions
     dot_size: float = 0.0  # cube root of m·n·k of the largest dot (per batch element); 0 without dots
+    ops: tuple[tuple[str, int], ...] = ()  # the HLO ops inside, count by opcode (an unfused op: itself)
+    library: str = ""  # a custom fusion's library kind from its backend config ('__ynn_fusion', ...); else ''
 
     @property
     def bytes(self) -> float:
@@ -358,7 +360,10 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize = _computation_cost(body, shapes)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
+                ops = _opcode_counts(_fused_ops(body, mod))
+                library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
             else:
+                ops, library = ((op, 1),), ""
                 kind = op
                 flops, trans, dflops, dsize = _computation_cost([ins], shapes)
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
@@ -367,7 +372,58 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  bytes_out, flops, trans, m, dflops, dsize))
+                                  bytes_out, flops, trans, m, dflops, dsize, ops, library))
+    return out
+
+
+def _fused_ops(body: list[Instr], mod: Module, depth: int = 0) -> list[Instr]:
+    """The ops a fusion computes (nested fusions opened; parameters, tuples and bitcasts left out)."""
+    out = []
+    for i in body:
+        if i.opcode == "fusion" and depth < 4:
+            out += _fused_ops(mod.computations.get((attr(i.attrs, "calls") or "").lstrip("%"), []), mod, depth + 1)
+        elif i.opcode not in ("parameter", "tuple", "get-tuple-element", "bitcast"):
+            out.append(i)
+    return out
+
+
+def _opcode_counts(instrs: list[Instr]) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for i in instrs:
+        counts[i.opcode] = counts.get(i.opcode, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _custom_fusion_kind(attrs: str) -> str:
+    """'__ynn_fusion' from backend_config={"fusion_config":{"kind":"__ynn_fusion"}} (XLA:CPU library fusions)."""
+    m = re.search(r'"fusion_config"\s*:\s*\{\s*"kind"\s*:\s*"([^"]+)"', attrs)
+    return m.group(1) if m else ""
+
+
+_JIT_PREFIX = re.compile(r"^jit\([^)]*\)/")
+
+
+def kernel_sources(text: str, mod: Module | None = None) -> dict[str, dict[str, int]]:
+    """Kernel name -> the source ops it computes, as 'opcode@op_name' -> count (op_name from the HLO metadata; '' when
+    absent, its outer 'jit(NAME)/' dropped; convolution counted as dot). Two compiles of one program share these
+    tokens, so kernels can be matched across fusion decisions (and across compilers)."""
+    mod = mod or parse_module(text)
+    out: dict[str, dict[str, int]] = {}
+    for comp in _multiplicities(mod):
+        for ins in mod.computations.get(comp, []):
+            if ins.opcode in NO_COST_OPS or ins.opcode in ("while", "call", "conditional"):
+                continue
+            body = (_fused_ops(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), mod)
+                    if ins.opcode == "fusion" else [ins])
+            toks: dict[str, int] = {}
+            for i in body:
+                if i.opcode in ("constant", "opt-barrier"):
+                    continue
+                m = re.search(r'op_name="([^"]+)"', i.attrs)
+                op = "dot" if i.opcode == "convolution" else i.opcode  # the TPU compiler writes dots as convolutions
+                t = f"{op}@{_JIT_PREFIX.sub('', m.group(1)) if m else ''}"
+                toks[t] = toks.get(t, 0) + 1
+            out[ins.name] = toks
     return out
 
 

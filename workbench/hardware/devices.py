@@ -29,7 +29,8 @@ def default_platform() -> None:
 def request_devices(n: int | None) -> int:
     """Make `n` CPU devices available (simulated on this host); None keeps the current/default count.
 
-    Returns the number of devices JAX will use. Raises WorkbenchError when JAX already started with another count.
+    Returns the number of devices JAX will use (all processes' when several form one group: `n` counts this
+    process's own). Raises WorkbenchError when JAX already started with another count.
     """
     global _requested
     import jax
@@ -40,21 +41,21 @@ def request_devices(n: int | None) -> int:
     if n < 1:
         raise WorkbenchError(f"--devices must be >= 1, got {n}")
     if _backends_started():
-        have = len(jax.devices())
+        have = jax.local_device_count()
         if have != n:
             raise WorkbenchError(
                 f"JAX already started with {have} devices; {n} were requested too late "
                 "(pass --devices before anything runs, or set it once per process)")
-        return have
+        return len(jax.devices())
     if jax.config.jax_platforms not in (None, "", "cpu"):
         # real accelerators: the count is what the host has
         return len(jax.devices())
     jax.config.update("jax_num_cpu_devices", n)
     _requested = n
-    have = len(jax.devices())
+    have = jax.local_device_count()
     if have != n:
         raise WorkbenchError(f"asked for {n} simulated CPU devices, JAX has {have}")
-    return have
+    return len(jax.devices())
 
 
 def is_simulated() -> bool:

@@ -106,6 +106,14 @@ def measure_steps(step: Callable[[int], Any], *, warmup: int = 2, repeats: int =
     return summarize(times, warmup=warmup, calls=1, compile_s=compile_s)
 
 
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """(fn(), wall seconds) of one call that is not a repeatable program (a checkpoint save, a restore, a wait):
+    the one place such a single interval is read from the clock."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
 def random_inputs(abstract_args, seed: int = 0):
     """Concrete random arrays (normal for floats, small positive ints otherwise; never zeros) matching abstract
     ShapeDtypeStructs, placed with their shardings when they have them."""

@@ -8,6 +8,9 @@
 - Batches: window i of a batch is a random offset from numpy's PCG64 seeded by (seed, step): deterministic,
   any step can be regenerated. Validation batches use a fixed, separate seed stream.
 - `shard_batch` places a host batch with the data-axis sharding (each device gets its slice of the batch rows).
+- `Batches.train_sharded` / `val_sharded` build a global batch where each process reads only the rows its own
+  devices hold (all window offsets are drawn, only the process's rows are gathered), then assemble the global
+  array from the per-device pieces: the same batch, row for row, as one process reading everything.
 """
 from __future__ import annotations
 
@@ -76,12 +79,18 @@ def load_corpus(max_bytes: int = 8_000_000) -> Corpus:
     return Corpus(arrays["train"], arrays["val"], str(root), counts["train"], counts["val"])
 
 
-def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int) -> dict[str, np.ndarray]:
-    """{'inputs': (B, T) int32, 'targets': (B, T) int32 (inputs shifted by one)} from random windows."""
+def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int,
+              rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """{'inputs': (B, T) int32, 'targets': (B, T) int32 (inputs shifted by one)} from random windows.
+
+    rows: only these rows of the batch (R, T); the offsets of all B rows are still drawn, so row r is the same
+    whichever rows are asked for."""
     if tokens.size < seq_len + 2:
         raise WorkbenchError(f"corpus split has {tokens.size} bytes, too few for seq_len={seq_len}")
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, tokens.size - seq_len - 1, size=batch_size)
+    if rows is not None:
+        starts = starts[np.asarray(rows, dtype=np.int64)]
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     win = tokens[idx].astype(np.int32)
     return {"inputs": win[:, :-1], "targets": win[:, 1:]}
@@ -100,6 +109,15 @@ class Batches:
     def val(self, i: int) -> dict[str, np.ndarray]:
         return get_batch(self.corpus.val, self.batch_size, self.seq_len, VAL_SEED, i)
 
+    def train_sharded(self, step: int, sharding) -> dict:
+        """Training batch `step` as global arrays with `sharding`; this process reads only its devices' rows."""
+        return place_rows(lambda rows: get_batch(self.corpus.train, self.batch_size, self.seq_len, self.seed, step,
+                                                 rows), self.batch_size, self.seq_len, sharding)
+
+    def val_sharded(self, i: int, sharding) -> dict:
+        return place_rows(lambda rows: get_batch(self.corpus.val, self.batch_size, self.seq_len, VAL_SEED, i, rows),
+                          self.batch_size, self.seq_len, sharding)
+
 
 def unigram_baseline(corpus: Corpus) -> dict[str, float]:
     """Cross-entropy (nats/byte) on validation of the training split's byte frequencies (add-one smoothed),
@@ -117,3 +135,23 @@ def shard_batch(batch: dict[str, np.ndarray], sharding) -> dict:
     import jax
 
     return {k: jax.device_put(v, sharding) for k, v in batch.items()}
+
+
+def place_rows(read_rows, batch_size: int, seq_len: int, sharding) -> dict:
+    """Global (B, T) arrays with `sharding` from `read_rows(rows) -> {name: (R, T)}`, called once with the rows this
+    process's devices hold. One process holding every device: one host batch placed as `shard_batch` does."""
+    import jax
+
+    shape = (batch_size, seq_len)
+    if sharding.is_fully_addressable:
+        return shard_batch(read_rows(np.arange(batch_size)), sharding)
+    index = sharding.addressable_devices_indices_map(shape)  # device -> (row slice, column slice) of the global
+    wanted = {d: np.arange(batch_size)[idx[0]] for d, idx in index.items()}
+    rows = np.unique(np.concatenate(list(wanted.values())))
+    local = read_rows(rows)
+    where = {int(r): i for i, r in enumerate(rows)}
+    out = {}
+    for name, block in local.items():
+        pieces = [jax.device_put(block[[where[int(r)] for r in wanted[d]]][:, index[d][1]], d) for d in index]
+        out[name] = jax.make_array_from_single_device_arrays(shape, sharding, pieces)
+    return out

@@ -41,9 +41,11 @@ from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
 from workbench.measure.calibrate import get_spec
-from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
 from workbench.measure.explain import explain_step
-from workbench.programs.data import Batches, shard_batch, unigram_baseline
+from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
+from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, CheckpointStats, fault_point, step_overhead
+from workbench.programs.data import Batches, unigram_baseline
+from workbench.programs.distributed import count_hosts
 from workbench.results.console import ProgressBar
 from workbench.roofline.prediction import Prediction, predict
 
@@ -296,6 +298,12 @@ class TrainResult:
     prediction: Prediction | None
     hardware: str | None
     kernel_profile: dict | None
+    first_step: int = 1                            # the step losses[0] belongs to (> 1 when resumed)
+    resumed_from_step: int | None = None           # the checkpoint's step a resumed run started from
+    loss_history: tuple[float, ...] = ()           # every step's loss from step 1 (the checkpoint's, then these)
+    processes: int = 1                             # processes of the group that ran the global mesh
+    hosts: int = 1                                 # distinct hosts among them
+    checkpoint: CheckpointStats | None = None      # what saving and restoring did and cost
     model_flops_causal_per_step: float = 0.0  # the attention term halved (a causal mask's work)
     waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
     kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
@@ -357,6 +365,9 @@ class TrainResult:
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "hardware": self.hardware, "kernel_profile": self.kernel_profile,
             "mfu_causal": self.mfu_causal, "waterfall": self.waterfall, "kernel_classes": self.kernel_classes,
+            "first_step": self.first_step, "resumed_from_step": self.resumed_from_step,
+            "loss_history": list(self.loss_history), "processes": self.processes, "hosts": self.hosts,
+            "checkpoint": self.checkpoint.to_record() if self.checkpoint else None,
         }
 
 
@@ -384,7 +395,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
-                profile_steps: int = 0, explain: bool = False) -> TrainResult:
+                profile_steps: int = 0, checkpoint: CheckpointSpec | None = None,
+                explain: bool = False) -> TrainResult:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -392,6 +404,10 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     with 'dot_floor' in it: the step's dots timed alone (workbench.measure.harness.dot_floor), 'step_floor_s' (their time
     per step; on simulated devices all devices' dots, which share the host) and 'mfu_bound' (the MFU of a step that
     took only that long: no strategy or fusion of the rest gets above it with these dot kernels).
+
+    checkpoint: save (and with .resume, first restore) orbax checkpoints (workbench/programs/checkpoint.py); a
+    resumed run trains steps restored+1..steps: 'losses' holds those, 'first_step' the first of them,
+    'loss_history' every step's from 1 on, 'checkpoint' what saving and restoring did and cost.
 
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
@@ -421,7 +437,20 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     cost = comp.cost
 
     state = prog.state
-    val_batches = [shard_batch(batches.val(i), prog.batch_sharding) for i in range(eval_batches)]
+    ckpt, start = None, 0
+    if checkpoint is not None:  # the data position is the step: batch i is a pure function of (seed, i)
+        ckpt = Checkpointer(checkpoint, {"model": cfg.to_dict(), "precision": prog.policy.name,
+                                         "batch_size": batch_size, "seq_len": prog.seq_len,
+                                         "microbatches": microbatches, "seed": seed, "schedule_steps": steps,
+                                         "strategy": prog.rules.name, "mesh": dict(mesh.shape),
+                                         "processes": jax.process_count()}, steps)
+        if checkpoint.resume:
+            state, start = ckpt.restore(abs_state)
+            if start >= steps:
+                ckpt.close()
+                raise WorkbenchError(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
+                                     "is already reached (nothing to train; the run that saved it is complete)")
+    val_batches = [batches.val_sharded(i, prog.batch_sharding) for i in range(eval_batches)]
 
     def evaluate():
         vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
@@ -430,30 +459,36 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
     losses: list = []
     metrics_log: list = []
-    val_losses: list[tuple[int, float]] = [(0, evaluate())]
-    next_batch = {"b": shard_batch(batches.train(0), prog.batch_sharding)}
+    val_losses: list[tuple[int, float]] = [(start, evaluate())]
+    next_batch = {"b": batches.train_sharded(start, prog.batch_sharding)}
 
 
-    bar = ProgressBar(steps, progress, "training")
+    bar = ProgressBar(steps - start, progress, "training")
 
     def one_step(i):
         nonlocal state
         state, metrics = run(state, next_batch["b"])
-        next_batch["b"] = shard_batch(batches.train(i + 1), prog.batch_sharding)  # overlaps the device step
+        fault_point("in-step", i + 1)
+        next_batch["b"] = batches.train_sharded(i + 1, prog.batch_sharding)  # overlaps the device step
         losses.append(metrics["loss"])
         metrics_log.append(metrics)
+        if ckpt is not None:
+            ckpt.maybe_save(i + 1, state, losses)
+        fault_point("after-step", i + 1, wait=metrics["loss"])
         bar.advance()
         return metrics["loss"]
 
     times: list[float] = []
+    timed_steps: list[int] = []  # the 1-based step of each entry of times
     untimed = 0
-    done = 0
+    done = start
     with bar:
         while done < steps:
             chunk = min(eval_every - done % eval_every, steps - done)
             if chunk >= 2:
                 m = measure_steps(lambda j, base=done: one_step(base + j), warmup=1, repeats=chunk - 1)
                 times.extend(m.times_s)
+                timed_steps.extend(range(done + 2, done + chunk + 1))
                 untimed += 1
             else:
                 jax.block_until_ready(one_step(done))
@@ -461,6 +496,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
             done += chunk
             if done % eval_every == 0 or done == steps:
                 val_losses.append((done, evaluate()))
+    ckpt_stats = ckpt.close() if ckpt is not None else None  # waits for the last background write
     measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
     losses_f = [float(x) for x in losses]
     if not all(math.isfinite(x) for x in losses_f):
@@ -474,6 +510,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     dtype = np.dtype(prog.policy.compute_dtype).name
     price_dtype = matmul_format(prog.policy)["peak_dtype"]  # fp8/MX policies are priced at the fp8/fp4 peak
     spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
+    hosts = count_hosts()  # a group over several hosts: each host's simulated devices share that host's ceiling
+    if hosts > 1 and ceiling and is_simulated():
+        ceiling, ceiling_note = ceiling * hosts, f"{ceiling_note}; x {hosts} hosts"
     kernel_profile = None
     if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
 
@@ -514,5 +553,10 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         hardware=spec.name if spec else None, kernel_profile=kernel_profile,
         model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
         waterfall=explained[0].to_record() if explained else None,
-        kernel_classes=explained[1].to_record(top=15) if explained else None)
+        kernel_classes=explained[1].to_record(top=15) if explained else None,
+        first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
+        loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
+        hosts=hosts,
+        checkpoint=(dataclasses.replace(ckpt_stats, **step_overhead(times, timed_steps, ckpt_stats.saved_steps))
+                    if ckpt_stats is not None else None))
 

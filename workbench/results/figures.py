@@ -113,10 +113,99 @@ def mfu_chart(rows: list[dict], path: str, targets: dict[int, float] | None = No
     return path
 
 
+def fusion_chart(result: dict, path: str, title: str = "", top: int = 12) -> str:
+    """The fusion explorer's figure (workbench.programs.fusion's record): bytes and time per variant (predicted
+    hollow, measured filled), and the longest kernels of the default and no-fusion variants, predicted beside
+    measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    vs = result["variants"]
+    names = list(vs)
+    shown = [n for n in ("default", "no-fusion") if n in result["kernels"]]
+    fig, axes = plt.subplots(1, 2 + len(shown), figsize=(6 + 5 * (1 + len(shown)), 5), dpi=110)
+    x = np.arange(len(names))
+    axes[0].bar(x, [vs[n]["bytes"] / 1e6 for n in names], color="C0")
+    axes[0].set_ylabel("MB moved (Σ kernel bytes in + out)")
+    axes[0].set_title("bytes per variant")
+    pred = [vs[n]["predicted_s"] * 1e3 for n in names]
+    meas = [(vs[n]["measured_s"] or 0) * 1e3 for n in names]
+    axes[1].bar(x - 0.2, pred, 0.4, facecolor="none", edgecolor="C1", label="predicted")
+    if any(meas):
+        axes[1].bar(x + 0.2, meas, 0.4, color="C1", label="measured")
+    axes[1].set_ylabel("ms per run")
+    axes[1].set_title("time per variant")
+    axes[1].legend(fontsize=8)
+    for ax in axes[:2]:
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    for ax, name in zip(axes[2:], shown):
+        ks = sorted(result["kernels"][name], key=lambda r: -(r["measured_s"] if r["measured_s"] is not None
+                                                              else r["predicted_s"]))[:top]
+        y = np.arange(len(ks))
+        ax.barh(y - 0.2, [r["predicted_s"] * 1e3 for r in ks], 0.4, facecolor="none", edgecolor="C2",
+                label="predicted")
+        if any(r["measured_s"] for r in ks):
+            ax.barh(y + 0.2, [(r["measured_s"] or 0) * 1e3 for r in ks], 0.4, color="C2", label="measured")
+        ax.set_yticks(y)
+        ax.set_yticklabels([f"{r['name'][:28]} [{r['kind']}]" for r in ks], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per run")
+        ax.set_title(f"{name}: longest kernels", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
+    """benchmarks.fusion_study's figure: per case, bytes fused against unfused (log scale), and time per run fused
+    against unfused, measured (filled) beside predicted (hollow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r["case"] for r in rows]
+    x = np.arange(len(names))
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(max(10, 1.4 * len(names)), 4.8), dpi=110)
+    a0.bar(x - 0.2, [r["bytes_fused"] / 1e6 for r in rows], 0.4, color="C0", label="fused (default)")
+    a0.bar(x + 0.2, [(r["bytes_unfused"] or 0) / 1e6 for r in rows], 0.4, color="C3", label="unfused")
+    a0.set_yscale("log")
+    a0.set_ylabel("MB moved per run")
+    a0.set_title("bytes")
+    w = 0.2
+    for i, (key, c, lab) in enumerate((("fused", "C0", "fused"), ("unfused", "C3", "unfused"))):
+        a1.bar(x + (2 * i - 1.5) * w, [(r[f"measured_{key}_s"] or 0) * 1e3 for r in rows], w, color=c,
+               label=f"{lab} measured")
+        a1.bar(x + (2 * i - 0.5) * w, [(r[f"predicted_{key}_s"] or 0) * 1e3 for r in rows], w, facecolor="none",
+               edgecolor=c, label=f"{lab} predicted")
+    a1.set_yscale("log")
+    a1.set_ylabel("ms per run")
+    a1.set_title("time")
+    for ax in (a0, a1):
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
     """A waterfall of a step's time: one pair of floating bars per term (predicted hollow, measured filled), each
     starting where the previous term's ended, the totals at the right. terms: dicts with name, predicted_s,
-    measured_s (workbench.explain.Waterfall.to_record()['terms'])."""
+    measured_s (workbench.measure.explain.Waterfall.to_record()['terms'])."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -73,6 +73,19 @@ class Prediction:
                 f"ridge {self.ridge:.3g}")
 
 
+def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
+    flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
+    transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw)."""
+    rate = spec.transcendentals_per_s
+    peak = spec.peak_flops[peak_dtype]
+    t_trans = k.transcendentals / rate if rate else 0.0
+    if spec.matmul_curve and k.dot_flops:
+        return k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans, \
+            k.bytes / bw
+    return k.flops / peak + t_trans, k.bytes / bw
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelTime:
     """One kernel's predicted time at its own roof (per execution, one device)."""
@@ -89,15 +102,7 @@ def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None)
     compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
     has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
     memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
-    pdt = spec.peak_dtype(dtype)
-    peak = spec.peak_flops[pdt]
-    rate = spec.transcendentals_per_s
-    t_tr = k.transcendentals / rate if rate else 0.0
-    if spec.matmul_curve and k.dot_flops:
-        kc = k.dot_flops / spec.matmul_rate(k.dot_size, pdt) + (k.flops - k.dot_flops) / peak + t_tr
-    else:
-        kc = k.flops / peak + t_tr
-    km = k.bytes / (memory_bw or spec.hbm_bw)
+    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw)
     launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
     return KernelTime(max(kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
 
