@@ -1,81 +1,324 @@
-"""Prediction error of the host roofline for the built-in ops at several sizes.
+"""Prediction error of the host roofline on ops the calibration never ran and on whole programs.
 
-    python -m benchmarks.prediction_error [--quick] [--json]
+    python -m benchmarks.prediction_error [--quick] [--json] [--no-programs] [--no-kernels]
 
-Measures the host's ceilings (a fresh calibration) and the programs in the same run, then a second calibration at
-the end to show how much the machine drifted meanwhile; prints |predicted − measured| / measured per op and the
-medians (targets: ≤ 25% over all ops, ≤ 10% for large matmuls). Records land in the results store (kind
-'prediction-error').
+Writes reports/prediction_error.json: keys `ops` and `programs` (each row: name, config, predicted_s, measured_s,
+error = |predicted − measured| / measured, signed_error, in_sample), `median_error_ops_heldout`,
+`median_error_ops_in_sample`, `median_error_programs`, `kernel_classes` (per kernel class, the predicted and measured
+time summed over the programs' traced steps, from workbench.measure.kernels) and `calibration_drift` (a fresh calibration at
+the start and another at the end: how far the machine moved meanwhile).
+
+Ops: in-sample rows are shapes the calibration itself ran (square float32 matmuls at the sizes of its rate curve): a
+prediction there replays the calibration. Held-out rows are shapes it never ran: non-square, odd, batched and
+transposed dots, 1000×3000×777, skinny dots, reductions over the short axis, bf16, odd softmax/layernorm/attention.
+Programs: training steps of tiny, small and small-moe at 1 and 8 simulated devices under dp/fsdp/tp in float32 and
+bf16, plus one prefill and one decode step. The device count is fixed when JAX starts, so every program runs in its
+own process (`--worker`), with the calibration cached by the parent.
+
+Targets (a benchmark, not a test): median program error ≤ 10 %, held-out ops ≤ 10 %. Records land in the results
+store: each op as kind 'prediction-error', the whole report as one record of kind 'prediction_error'.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.precision import get_policy
+from models.presets import get_config
+from models.quant import matmul_format
+from partitioning.mesh import make_mesh
+from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
-from workbench.measure.calibrate import load_or_calibrate
-from workbench.programs.demo import run_suite
+from workbench.hardware.hostmem import reexec_with_hugepages
+from workbench.measure.calibrate import get_spec, load_or_calibrate
+from workbench.measure.harness import measure_steps, random_inputs
+from workbench.measure.kernels import join, trace_kernels
+from workbench.programs.experiment import run_program, summary
+from workbench.programs.ops import build
+from workbench.programs.predict import build_inference_step
+from workbench.programs.train import build_train_step
 from workbench.results.console import print_table
+from workbench.results.store import Store, make_record
+from workbench.roofline.prediction import memory_bw, predict
 
-SIZES = [
-    ("matmul", {"m": 512, "n": 512, "k": 512}),
-    ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
-    ("matmul", {"m": 2048, "n": 2048, "k": 2048}),
-    ("matmul", {"m": 4096, "n": 4096, "k": 4096}),
-    ("matmul", {"m": 4096, "n": 1024, "k": 4096}),
-    ("elementwise", {"n": 1 << 20}),
-    ("elementwise", {"n": 1 << 24}),
-    ("elementwise", {"n": 1 << 26}),
-    ("softmax", {"rows": 1024, "cols": 1024}),
-    ("softmax", {"rows": 8192, "cols": 2048}),
-    ("layernorm", {"rows": 1024, "cols": 1024}),
-    ("layernorm", {"rows": 8192, "cols": 2048}),
-    ("attention", {"batch": 2, "heads": 8, "seq": 256, "head_dim": 64}),
-    ("attention", {"batch": 4, "heads": 8, "seq": 1024, "head_dim": 64}),
+IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
+             ("matmul", {"m": 2048, "n": 2048, "k": 2048})]
+# (name, builder, sizes, dtype): shapes the calibration never ran
+HELD_OUT = [
+    ("matmul 1000x3000x777", "matmul", {"m": 1000, "k": 3000, "n": 777}, "float32"),
+    ("matmul odd 333x4095x2049", "matmul", {"m": 333, "k": 4095, "n": 2049}, "float32"),
+    ("matmul batched 16x(256x512)(512x384)", "batched", {"b": 16, "m": 256, "k": 512, "n": 384}, "float32"),
+    ("matmul transposed A^T B 2048x1024x1536", "matmul_tn", {"m": 1024, "k": 2048, "n": 1536}, "float32"),
+    ("matmul transposed A B^T 1536x2048x1024", "matmul_nt", {"m": 1536, "k": 2048, "n": 1024}, "float32"),
+    ("matmul skinny 8192x4096x16", "matmul", {"m": 8192, "k": 4096, "n": 16}, "float32"),
+    ("matmul bf16 1536^3", "matmul", {"m": 1536, "k": 1536, "n": 1536}, "bfloat16"),
+    ("sum over the short axis [262144,32]", "reduce_short", {"rows": 1 << 18, "cols": 32}, "float32"),
+    ("sum over the short axis [32,262144] axis 0", "reduce_short_t", {"rows": 32, "cols": 1 << 18}, "float32"),
+    ("softmax short rows [65536,96]", "softmax", {"rows": 65536, "cols": 96}, "float32"),
+    ("softmax [8192,2048]", "softmax", {"rows": 8192, "cols": 2048}, "float32"),
+    ("layernorm odd [3000,1000]", "layernorm", {"rows": 3000, "cols": 1000}, "float32"),
+    ("elementwise bf16 2^24", "elementwise", {"n": 1 << 24}, "bfloat16"),
+    ("attention b3 h6 s384 d80", "attention", {"batch": 3, "heads": 6, "seq": 384, "head_dim": 80}, "float32"),
 ]
-QUICK = [("matmul", {"m": 256, "n": 256, "k": 256}), ("elementwise", {"n": 1 << 18}),
-         ("softmax", {"rows": 256, "cols": 256})]
-LARGE_MATMUL_FLOPS = 2 * 2048**3
+QUICK_OPS = [("matmul 300x200x100", "matmul", {"m": 300, "k": 200, "n": 100}, "float32"),
+             ("sum over the short axis [4096,32]", "reduce_short", {"rows": 4096, "cols": 32}, "float32")]
+# whole programs: (name, worker spec)
+PROGRAMS = [
+    ("tiny 1 device dp float32", dict(kind="train", preset="tiny", devices=1, mesh="data=1", strategy="dp", batch=8)),
+    ("tiny 1 device dp bf16", dict(kind="train", preset="tiny", devices=1, mesh="data=1", strategy="dp", batch=8,
+                                   precision="bf16")),
+    ("tiny 8 devices dp float32", dict(kind="train", preset="tiny", devices=8, mesh="data=8", strategy="dp", batch=8)),
+    ("tiny 8 devices fsdp float32", dict(kind="train", preset="tiny", devices=8, mesh="data=8", strategy="fsdp",
+                                         batch=8)),
+    ("tiny 8 devices tp float32", dict(kind="train", preset="tiny", devices=8, mesh="data=2,model=4", strategy="tp",
+                                       batch=8)),
+    ("tiny 8 devices fsdp bf16", dict(kind="train", preset="tiny", devices=8, mesh="data=8", strategy="fsdp", batch=8,
+                                      precision="bf16")),
+    ("small 1 device dp float32", dict(kind="train", preset="small", devices=1, mesh="data=1", strategy="dp", batch=8)),
+    ("small 1 device dp bf16", dict(kind="train", preset="small", devices=1, mesh="data=1", strategy="dp", batch=8,
+                                    precision="bf16")),
+    ("small 8 devices dp float32", dict(kind="train", preset="small", devices=8, mesh="data=8", strategy="dp",
+                                        batch=16)),
+    ("small 8 devices fsdp float32", dict(kind="train", preset="small", devices=8, mesh="data=8", strategy="fsdp",
+                                          batch=16)),
+    ("small 8 devices tp float32", dict(kind="train", preset="small", devices=8, mesh="data=2,model=4", strategy="tp",
+                                        batch=16)),
+    ("small-moe 1 device dp float32", dict(kind="train", preset="small-moe", devices=1, mesh="data=1", strategy="dp",
+                                           batch=8)),
+    ("small-moe 8 devices fsdp float32", dict(kind="train", preset="small-moe", devices=8, mesh="data=8",
+                                              strategy="fsdp", batch=16)),
+    ("small prefill 1 device", dict(kind="prefill", preset="small", devices=1, mesh="data=1", strategy="dp", batch=4)),
+    ("small decode 1 device", dict(kind="decode", preset="small", devices=1, mesh="data=1", strategy="dp", batch=8)),
+]
+QUICK_PROGRAMS = [("tiny 1 device dp float32", dict(kind="train", preset="tiny", devices=1, mesh="data=1",
+                                                     strategy="dp", batch=2, steps=3))]
+
+
+# ------------------------------------------------------------------------------------------ ops
+def op_program(builder: str, sizes: dict, dtype: str):
+    """(fn, abstract args) of one held-out op."""
+    dt = jnp.dtype(dtype)
+    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
+    s = sizes
+    if builder == "matmul":
+        return (lambda a, b: jnp.matmul(a, b, preferred_element_type=a.dtype)), (sds(s["m"], s["k"]), sds(s["k"], s["n"]))
+    if builder == "batched":
+        return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), (sds(s["b"], s["m"], s["k"]), sds(s["b"], s["k"], s["n"]))
+    if builder == "matmul_tn":
+        return (lambda a, b: a.T @ b), (sds(s["k"], s["m"]), sds(s["k"], s["n"]))
+    if builder == "matmul_nt":
+        return (lambda a, b: a @ b.T), (sds(s["m"], s["k"]), sds(s["n"], s["k"]))
+    if builder == "reduce_short":
+        return (lambda x: x.sum(axis=1)), (sds(s["rows"], s["cols"]),)
+    if builder == "reduce_short_t":
+        return (lambda x: x.sum(axis=0)), (sds(s["rows"], s["cols"]),)
+    o = build(builder, dtype, **s)
+    return o.fn, o.args
+
+
+def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:
+    """Whether the calibration `cal` itself ran this op: a square matmul at a size of its float32 rate curve, or at
+    the size of its matmul measurement for that dtype."""
+    if builder != "matmul" or not (sizes["m"] == sizes["n"] == sizes["k"]):
+        return False
+    n = sizes["m"]
+    curve = {r["n"] for r in cal.get("matmul_curve", [])} if dtype == "float32" else set()
+    return n in curve or cal.get("matmul", {}).get(dtype, {}).get("n") == n
+
+
+def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
+
+    rows = []
+    for name, builder, sizes, dtype in ops:
+        print(f"op: {name}", file=sys.stderr, flush=True)
+        fn, args = op_program(builder, sizes, dtype)
+        rec = run_program(fn, args, kind="prediction-error", repeats=repeats, compute_dtype=dtype,
+                          spec={"op": builder, "sizes": sizes, "dtype": dtype, "description": name})
+        s = summary(rec)
+        p, m = s["predicted_s"], s["measured_s"]
+        rows.append({"name": name, "config": {"op": builder, "sizes": sizes, "dtype": dtype}, "predicted_s": p,
+                     "measured_s": m, "error": abs(p - m) / m, "signed_error": p / m - 1,
+                     "in_sample": in_sample(builder, sizes, dtype, cal), "bound": s["bound"],
+                     "predicted_s_band": rec["prediction"].get("predicted_s_band"),
+                     "wide_spread": s["wide_spread"]})
+        if save:
+            save(rows, [])
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ programs
+def run_worker(spec: dict) -> dict:
+    """One program in this process (its device count set before JAX starts): compile, predict, time, and join a
+    trace kernel by kernel. Returns the program's row."""
+    request_devices(int(spec["devices"]))
+    cfg = get_config(spec["preset"], spec.get("overrides"))
+    mesh = make_mesh(spec["mesh"])
+    policy = get_policy(spec.get("precision", "float32"))
+    n = mesh.size
+    if spec["kind"] == "train":
+        prog = build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec["strategy"], batch_size=spec["batch"],
+                                seq_len=spec.get("seq"))
+        comp = compile_program(prog.step, prog.state, prog.batch, mesh=mesh, n_devices=n, analytic=False,
+                               compute_dtype=np.dtype(policy.compute_dtype).name)
+        box = {"state": prog.state}
+
+        def step(i):
+            box["state"], metrics = comp.compiled(box["state"], prog.batch)
+            return metrics["loss"]
+    else:
+        seq = spec.get("seq") or cfg.seq_len
+        jitted, args, _ = build_inference_step(cfg, policy, mesh, spec["strategy"], spec["batch"], seq, spec["kind"])
+        comp = compile_program(jitted, *args, mesh=mesh, n_devices=n, analytic=False,
+                               compute_dtype=np.dtype(policy.compute_dtype).name)
+        params, rest, tokens, cache = random_inputs(args, seed=0)
+        box = {"cache": cache}
+
+        def step(i):
+            logits, box["cache"] = comp.compiled(params, rest, tokens, box["cache"])
+            return logits
+
+    host = get_spec("host")
+    dtype = matmul_format(policy)["peak_dtype"]
+    pred = predict(comp.cost, host, dtype=dtype)
+    m = measure_steps(step, warmup=2, repeats=int(spec.get("steps", 5)), compile_s=comp.compile_s)
+    classes = None
+    if spec.get("kernels", True):
+        bw, _ = memory_bw(comp.cost, host, n > 1)
+        table = join(trace_kernels(step, steps=1, warmup=0), comp.hlo_text, host, n_devices=n, mesh=mesh,
+                     dtype=dtype, memory_bw=bw)
+        classes = {c.kernel_class: c.to_record() for c in table.classes}
+        classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
+    return {"predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
+            "predicted_s_band": pred.predicted_s_band, "bound": pred.bound, "wide_spread": m.wide_spread,
+            "compile_s": comp.compile_s, "n_devices": n, "kernel_classes": classes}
+
+
+def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None) -> list[dict]:
+    rows = []
+    for name, spec in programs:
+        print(f"program: {name}", file=sys.stderr, flush=True)
+        spec = dict(spec, kernels=kernels)
+        p = subprocess.run([sys.executable, "-m", "benchmarks.prediction_error", "--worker", json.dumps(spec)],
+                           capture_output=True, text=True, timeout=timeout)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        if p.returncode != 0 or not lines:
+            rows.append({"name": name, "config": spec, "predicted_s": None, "measured_s": None, "error": None,
+                         "in_sample": False, "failed": (p.stderr or "").strip().splitlines()[-1:] or ["no output"]})
+            continue
+        r = json.loads(lines[-1])
+        pr, me = r["predicted_s"], r["measured_s"]
+        rows.append({"name": name, "config": spec, "predicted_s": pr, "measured_s": me, "error": abs(pr - me) / me,
+                     "signed_error": pr / me - 1, "in_sample": False, **{k: v for k, v in r.items()
+                                                                         if k not in ("predicted_s", "measured_s")}})
+        if save:
+            save(None, rows)
+    return rows
+
+
+def class_totals(programs: list[dict]) -> dict:
+    """Per kernel class, predicted and measured seconds summed over the programs' traced steps, and the error."""
+    tot: dict[str, dict] = {}
+    for r in programs:
+        for cls, c in (r.get("kernel_classes") or {}).items():
+            if cls.startswith("_"):
+                continue
+            t = tot.setdefault(cls, {"predicted_s": 0.0, "measured_s": 0.0, "kernels": 0, "programs": 0})
+            t["predicted_s"] += c["predicted_s"]
+            t["measured_s"] += c["measured_s"]
+            t["kernels"] += c["kernels"]
+            t["programs"] += 1
+    for t in tot.values():
+        t["error"] = t["predicted_s"] / t["measured_s"] - 1 if t["measured_s"] else None
+    return tot
+
+
+def report(ops: list[dict], programs: list[dict], before: dict, after: dict | None) -> dict:
+    """The JSON report (see the module docstring); `after` None: the run has not finished (no drift yet)."""
+    drift = None
+    if after is not None:
+        drift = {"matmul_float32": after["matmul"]["float32"]["flops_per_s"] / before["matmul"]["float32"]["flops_per_s"]
+                 - 1, "stream": after["stream"]["bytes_per_s"] / before["stream"]["bytes_per_s"] - 1,
+                 "stream_range_before": before["stream"].get("range_bytes_per_s"),
+                 "stream_range_after": after["stream"].get("range_bytes_per_s")}
+    held = [o for o in ops if not o["in_sample"]]
+    return {"ops": ops, "programs": programs, "complete": after is not None,
+            "median_error_ops_heldout": _median(o["error"] for o in held),
+            "median_error_ops_in_sample": _median(o["error"] for o in ops if o["in_sample"]),
+            "median_error_programs": _median(p["error"] for p in programs),
+            "kernel_classes": class_totals(programs), "calibration_drift": drift,
+            "findings": before.get("findings", []) + [f"(end) {f}" for f in (after or {}).get("findings", [])],
+            "n_ops_heldout": len(held), "n_programs": len([p for p in programs if p.get("error") is not None])}
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="two ops and one tiny program (smoke test)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-programs", action="store_true", help="ops only")
+    ap.add_argument("--no-kernels", action="store_true", help="no per-kernel trace of the programs")
+    ap.add_argument("--out", default=os.path.join("reports", "prediction_error.json"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker)), default=str))
+        return {}
 
     request_devices(None)
     before = load_or_calibrate(force=True, quick=args.quick)
-    rows = run_suite(QUICK if args.quick else SIZES, kind="prediction-error")
+    done = {"ops": [], "programs": []}
+
+    def save(ops_rows=None, program_rows=None, after=None):
+        """Write the report so far (a partial one after every row: an interrupted run keeps what it measured)."""
+        if ops_rows is not None:
+            done["ops"] = ops_rows
+        if program_rows is not None:
+            done["programs"] = program_rows
+        out = report(done["ops"], done["programs"], before, after)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+        return out
+
+    ops = run_ops((QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT), before, repeats=5 if args.quick else 10,
+                  save=save)
+    programs = [] if args.no_programs else run_programs(QUICK_PROGRAMS if args.quick else PROGRAMS,
+                                                       kernels=not args.no_kernels, save=save)
     after = load_or_calibrate(force=True, quick=args.quick)
-    drift = {
-        "matmul_float32": after["matmul"]["float32"]["flops_per_s"] / before["matmul"]["float32"]["flops_per_s"] - 1,
-        "stream": after["stream"]["bytes_per_s"] / before["stream"]["bytes_per_s"] - 1,
-    }
-    errs = [r["error"] for r in rows]
-    large = [r["error"] for r in rows if r["op"] == "matmul" and r["flops"] >= LARGE_MATMUL_FLOPS]
-    out = {
-        "median_error": statistics.median(errs),
-        "median_error_large_matmul": statistics.median(large) if large else None,
-        "max_error": max(errs), "n_ops": len(rows), "noisy_ops": sum(1 for r in rows if r["wide_spread"]),
-        "ceiling_drift_during_run": drift,
-        "rows": [{k: r[k] for k in ("op", "sizes", "bound", "intensity", "predicted_s", "measured_s",
-                                    "measured_iqr_s", "error", "wide_spread")} for r in rows],
-    }
+    out = save(ops, programs, after)
+    Store().append(make_record("prediction_error", {"quick": args.quick, "programs": not args.no_programs},
+                               extra=out))  # the record the paper's notebook reads (notebooks/prediction_error.py)
+    drift = out["calibration_drift"]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        print_table(out["rows"], title="Prediction error on this host")
-        print(f"median error {out['median_error']:.1%} over {len(rows)} ops; large matmuls "
-              f"{out['median_error_large_matmul']:.1%}" if large else f"median error {out['median_error']:.1%}")
-        print(f"ceiling drift between the calibrations bracketing the run: matmul {drift['matmul_float32']:+.1%}, "
-              f"stream {drift['stream']:+.1%}; {out['noisy_ops']} ops with a wide spread")
+        cols = ["name", "in_sample", "predicted_s", "measured_s", "signed_error"]
+        print_table(ops, cols, title="ops: predicted vs measured on this host")
+        print_table(programs, cols, title="whole programs")
+        print_table([{"class": k, **v} for k, v in out["kernel_classes"].items()],
+                    ["class", "kernels", "predicted_s", "measured_s", "error"], title="per kernel class (programs)")
+        fmt = lambda x: f"{x:.1%}" if x is not None else "n/a"  # noqa: E731
+        print(f"median error: held-out ops {fmt(out['median_error_ops_heldout'])}, in-sample ops "
+              f"{fmt(out['median_error_ops_in_sample'])}, programs {fmt(out['median_error_programs'])}; drift "
+              f"matmul {drift['matmul_float32']:+.1%}, stream {drift['stream']:+.1%}; {args.out}")
     return out
 
 
+IN_SAMPLE_OPS = [(f"matmul {s['m']}^3 (calibrated size)", "matmul", s, "float32") for _, s in IN_SAMPLE]
+
 if __name__ == "__main__":
-    from workbench.hardware.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     main()

@@ -20,7 +20,8 @@ Infinity Fabric (MI300X: a full mesh, one direct link to each of up to 7 peers):
     all-gather, reduce-scatter, all-to-all : (V/g) / link_bw + α;  all-reduce: 2× that;  permute: V / link_bw
 Host memory (simulated CPU devices on one host): a collective is memory traffic through the host's memory:
     all-gather/reduce-scatter/all-to-all move 2·V·(g−1)/g bytes (read + write), all-reduce 4·V·(g−1)/g, permute 2·V,
-    at the host's measured streaming bandwidth (the roofline multiplies by the device count: they share it).
+    at the host's measured streaming bandwidth (the roofline multiplies by the device count: they share it), plus
+    α per collective (the host's measured rendezvous cost, per device).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def collective_time(kind: str, payload_bytes: float, group_size: int, interconne
         traffic = {"all-gather": 2 * V * frac, "reduce-scatter": 2 * V * frac, "all-reduce": 4 * V * frac,
                    "all-to-all": 2 * V * frac, "collective-broadcast": 2 * V * frac,
                    "collective-permute": 2 * V}[_known(kind)]
-        return traffic / ic.link_bw
+        return traffic / ic.link_bw + a
     raise WorkbenchError(f"no collective model for interconnect kind {ic.kind!r}")
 
 

@@ -29,8 +29,10 @@ def register(app: typer.Typer) -> None:
             print(f"  XLA matmul {dt:13s} {v['flops_per_s'] / 1e9:8.1f} GFLOP/s (IQR {v['flops_per_s_iqr'] / 1e9:.1f}, "
                   f"n={v['n']}, {v.get('result_dtype', dt)} result){peak}")
         s = cal["stream"]
+        band = s.get("range_bytes_per_s")
         print(f"  stream bandwidth   {s['bytes_per_s'] / 1e9:8.2f} GB/s (IQR {s['bytes_per_s_iqr'] / 1e9:.2f}; "
-              f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write)")
+              + (f"samples {band[0] / 1e9:.2f}–{band[1] / 1e9:.2f}; " if band else "")
+              + f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
         for line in cal.get("findings", []):
@@ -38,3 +40,5 @@ def register(app: typer.Typer) -> None:
         for k, v in cal["physical"]["derivation"].items():
             if k in ("float32", "bfloat16", "fma_pipes_why", "clock_source"):
                 print(f"  physical {k}: {v}")
+        for f in cal.get("findings", []):
+            print(f"  finding: {f}")

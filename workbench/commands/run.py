@@ -16,6 +16,7 @@ from models.presets import get_config
 from workbench.errors import WorkbenchError, finite_number, positive_int
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
+from workbench.results.waterfall import attach_waterfall
 
 SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
                 "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
@@ -60,6 +61,9 @@ def register(app: typer.Typer) -> None:
         full: bool = typer.Option(False, "--full", help="with --json: print the whole record, not the summary"),
         profile: bool = typer.Option(False, "--profile", help="trace 2 more steps with jax.profiler: measured time per "
                                      "kernel class and the longest kernels, joined with their HLO costs"),
+        explain: bool = typer.Option(False, "--explain", help="trace 2 more steps and explain the step from ideal "
+                                     "to measured: JSON key `waterfall` (terms predicted and measured), "
+                                     "reports/run-<record>/waterfall.png, MFU in both attention conventions"),
         # beyond one process (docs/distributed.md)
         processes: int = typer.Option(1, "--processes", help="start N local processes joined by jax.distributed, "
                                       "each owning --devices/N devices of one global mesh"),
@@ -113,7 +117,8 @@ def register(app: typer.Typer) -> None:
         m = make_mesh(mesh or f"data={n}")
         result = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                              seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
-                             progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt)
+                             progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt,
+                             explain=explain)
         if not group.primary:  # process 0 prints and records
             return
         r = result.to_record()
@@ -135,6 +140,8 @@ def register(app: typer.Typer) -> None:
             summary["kernel_profile"] = {k: r["kernel_profile"][k] for k in ("kernel_ms", "classes", "matmul_rate")}
             fl = r["kernel_profile"]["dot_floor"]
             summary["dot_floor"] = {k: fl[k] for k in ("dot_s", "step_floor_s", "mfu_bound", "gflop", "rate")}
+        if explain and r.get("waterfall"):
+            attach_waterfall(summary, r, rec["id"], print_it=not json_out)
         if json_out:
             emit_json(rec if full else summary)
             return

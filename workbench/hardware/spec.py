@@ -72,6 +72,9 @@ class HardwareSpec:
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
     matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
+    hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
+    kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
+    collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
 
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,

@@ -11,6 +11,11 @@ Measured (through the one harness, workbench.measure.harness; median and IQR ove
 Derived (physical peak per dtype) from CPU features, documented in docs/hardware.md:
     cores × SIMD lanes (avx512f: 16 f32, avx2: 8) × FMA pipes × 2 FLOP/FMA × clock
     bfloat16: ×2 with avx512_bf16 (VDPBF16PS: two bf16 products per f32 lane); AMX (amx_bf16): 1024 FLOP/cycle/core
+The clock is the CPU's own report, never a measurement: sysfs cpufreq's maximum, else the maximum boost clock of a
+known part (KNOWN_PARTS, each with its source), else /proc/cpuinfo's `cpu MHz` (often only the nominal clock in a
+VM); `physical.derivation.clock_source` names which. A measurement above the physical peak is reported in `findings`
+(one-line statements), never folded into the peak. The streaming bandwidth is sampled several times across the
+calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with.
 Overrides: WORKBENCH_HOST_CLOCK_GHZ, WORKBENCH_HOST_FMA_PIPES, WORKBENCH_HOST_PEAK_<DTYPE> (FLOP/s).
 Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $WORKBENCH_CACHE_DIR
 (default ~/.cache/workbench); `workbench calibrate --force` re-measures.
@@ -20,18 +25,19 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
+import subprocess
 import sys
 from typing import Any
 
+from workbench.cost.hlo import parse_kernels
 from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 10
 
 
 def cache_dir() -> str:
@@ -84,7 +90,8 @@ def cpu_features() -> dict[str, Any]:
     flags = set(info.get("flags", "").split())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return {"model": info.get("model name", "unknown"), "vendor": info.get("vendor_id", ""),
-            "family": int(info.get("cpu family", "0") or 0), "mhz": float(info.get("cpu MHz", "0") or 0),
+            "family": int(info.get("cpu family", "0") or 0), "model_number": int(info.get("model", "0") or 0),
+            "mhz": float(info.get("cpu MHz", "0") or 0), "max_mhz": _sysfs_max_mhz(),
             "cores": cores, "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))),
             "llc_bytes": _llc_bytes(), "mem_bytes": _meminfo_bytes()}
 
@@ -98,33 +105,63 @@ def fma_pipes(feat: dict) -> tuple[int, str]:
     if v == "AuthenticAMD":
         if fam >= 26:
             return 2, "AMD Zen 5 (family 1Ah): two 512-bit FMA pipes (AMD Zen 5 software optimization guide)"
+        if fam == 25 and "avx512f" in feat["flags"]:
+            return 1, "AMD Zen 4 (family 19h with AVX-512): AVX-512 executes as 2×256-bit, i.e. one 512-bit FMA per cycle"
         if fam == 25:
-            return 1, "AMD Zen 4 (family 19h): AVX-512 executes as 2×256-bit, i.e. one 512-bit FMA per cycle"
+            return 2, "AMD Zen 3 (family 19h, no AVX-512): two 256-bit FMA pipes (AMD Zen 3 software optimization guide)"
         return 2, "AMD Zen 2/3: two 256-bit FMA pipes"
     if v == "GenuineIntel":
         return 2, "Intel server cores with AVX-512: two FMA ports (ports 0 and 5)"
     return 1, "unknown vendor: one FMA pipe assumed"
 
 
-def physical_peaks(feat: dict, measured_f32: float | None = None) -> dict[str, Any]:
-    """Peak FLOP/s from CPU features with the derivation written out.
+# Maximum boost clocks of parts whose VMs report only the base clock (no cpufreq): (vendor, cpu family, model,
+# the base clock the OS reports in MHz) -> (part, max boost GHz, source). The boost clock bounds what any core can do.
+KNOWN_PARTS = {
+    ("AuthenticAMD", 0x17, 0x31, 2250): ("AMD EPYC 7B12 (Rome, Zen 2)", 3.3,
+                                         "Google Compute Engine CPU platforms table (AMD EPYC Rome: base 2.25 GHz, "
+                                         "single-core max turbo 3.3 GHz), cloud.google.com/compute/docs/cpu-platforms"),
+    ("AuthenticAMD", 0x19, 0x01, 2450): ("AMD EPYC 7763 / 7B13 (Milan, Zen 3)", 3.5,
+                                         "AMD EPYC 7763 product page (base 2.45 GHz, max boost up to 3.5 GHz); Google "
+                                         "Compute Engine CPU platforms table (AMD EPYC Milan 7B13: base 2.45 GHz, "
+                                         "max turbo 3.5 GHz)"),
+}
 
-    The OS often reports only the nominal clock (no cpufreq in a VM). When a measured float32 matmul exceeds the
-    peak at that clock, the cores must be running faster (boost): the clock is then raised to the one the
-    measurement implies (rounded up to 0.05 GHz), and the derivation says so."""
-    flags = set(feat["flags"])
+
+def _sysfs_max_mhz() -> float:
+    """cpufreq's cpuinfo_max_freq (kHz) of cpu0 in MHz; 0 where the kernel exposes no cpufreq (most VMs)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            return int(f.read().strip()) / 1000.0
+    except (OSError, ValueError):
+        return 0.0
+
+
+def host_clock(feat: dict) -> tuple[float, str, bool]:
+    """(GHz, its source, whether it is a maximum) from the CPU's own report, never from a measurement: the override
+    WORKBENCH_HOST_CLOCK_GHZ, sysfs cpufreq's maximum, the maximum boost of a known part, else /proc/cpuinfo's
+    `cpu MHz` (in a VM usually the base clock: the cores may boost above it)."""
     env_clock = os.environ.get("WORKBENCH_HOST_CLOCK_GHZ")
-    ghz = float(env_clock or 0) or feat["mhz"] / 1000.0
+    if env_clock:
+        return float(env_clock), "WORKBENCH_HOST_CLOCK_GHZ override", True
+    if feat.get("max_mhz"):
+        return feat["max_mhz"] / 1000.0, "sysfs /sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", True
+    for (vendor, fam, model, base), (part, ghz, src) in KNOWN_PARTS.items():
+        if (feat.get("vendor") == vendor and feat.get("family") == fam and feat.get("model_number") == model
+                and abs(feat.get("mhz", 0) - base) <= 60):
+            return ghz, (f"maximum boost of the {part} (family {fam:#x}, model {model:#x}, reported base "
+                         f"{feat['mhz']:.0f} MHz): {src}"), True
+    return (feat.get("mhz", 0) / 1000.0, "/proc/cpuinfo 'cpu MHz' (the clock the OS reports, often the base clock in "
+            "a VM; boost clocks may be higher and this part is not in the table of known parts)", False)
+
+
+def physical_peaks(feat: dict) -> dict[str, Any]:
+    """Peak FLOP/s from CPU features with the derivation written out; the clock from host_clock (never derived from
+    a measurement: a measurement above this peak is a finding, see peak_findings)."""
+    flags = set(feat["flags"])
+    ghz, clock_source, is_max = host_clock(feat)
     lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags or "avx" in flags else 4
     pipes, why = fma_pipes(feat)
-    clock_source = ("WORKBENCH_HOST_CLOCK_GHZ" if env_clock
-                    else "/proc/cpuinfo 'cpu MHz' (the clock the OS reports; boost clocks may be higher)")
-    per_cycle = feat["cores"] * lanes * pipes * 2
-    if measured_f32 and not env_clock and measured_f32 > per_cycle * ghz * 1e9:
-        implied = math.ceil(measured_f32 / (per_cycle * 1e9) / 0.05) * 0.05
-        clock_source = (f"implied by the measured float32 matmul ({measured_f32 / 1e9:.0f} GFLOP/s exceeds the peak at "
-                        f"the reported {ghz:.2f} GHz, so the cores boost): {implied:.2f} GHz")
-        ghz = implied
     f32 = feat["cores"] * lanes * pipes * 2 * ghz * 1e9
     bf16_per_cycle = lanes * pipes * 2 * (2 if "avx512_bf16" in flags else 1)
     bf16_src = "avx512_bf16 VDPBF16PS (2 bf16 products per f32 lane)" if "avx512_bf16" in flags else "as float32"
@@ -138,11 +175,32 @@ def physical_peaks(feat: dict, measured_f32: float | None = None) -> dict[str, A
         if o:
             peaks[dt] = float(o)
     return {"peak_flops": peaks, "derivation": {
-        "cores": feat["cores"], "clock_ghz": ghz, "f32_lanes": lanes, "fma_pipes": pipes, "fma_pipes_why": why,
+        "cores": feat["cores"], "clock_ghz": ghz, "clock_is_maximum": is_max, "f32_lanes": lanes, "fma_pipes": pipes,
+        "fma_pipes_why": why,
         "float32": f"{feat['cores']} cores × {lanes} lanes × {pipes} FMA pipes × 2 × {ghz:.3f} GHz",
         "bfloat16": f"{feat['cores']} cores × {bf16_per_cycle} FLOP/cycle ({bf16_src}) × {ghz:.3f} GHz",
         "clock_source": clock_source}}
 
+
+def peak_findings(cal: dict) -> list[str]:
+    """One-line statements about measurements the physical peak does not cover (and why that can happen)."""
+    out = []
+    phys = cal["physical"]["peak_flops"]
+    der = cal["physical"]["derivation"]
+    rates = [(f"{dt} {v['n']}³ matmul", dt, v.get("flops_per_s_best", v["flops_per_s"]))
+             for dt, v in cal.get("matmul", {}).items()]
+    rates += [(f"float32 {r['n']}³ matmul (rate curve)", "float32", r["flops_per_s"])
+              for r in cal.get("matmul_curve", [])]
+    for what, dt, rate in rates:
+        peak = phys.get(dt)
+        if peak and rate > peak * 1.001:
+            out.append(f"measured {what} {rate / 1e9:.0f} GFLOP/s exceeds the physical {dt} peak {peak / 1e9:.0f} "
+                       f"GFLOP/s ({der[dt] if dt in der else der['float32']}; clock: {der['clock_source'][:60]}): the "
+                       "clock, FMA-pipe count or core count of the derivation is wrong for this host")
+    if not der.get("clock_is_maximum"):
+        out.append(f"the physical peak uses the OS-reported clock {der['clock_ghz']:.2f} GHz, not a known maximum: "
+                   "boosting cores can exceed it")
+    return out
 
 def fingerprint(feat: dict) -> str:
     import jax
@@ -256,8 +314,14 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out: dict[str, Any] = {"cpu": feat, "physical": physical_peaks(feat), "quick": quick,
                            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                            "jax": jax.__version__, "backend": jax.default_backend(),
-                           "devices": len(jax.devices())}
+                           "devices": len(jax.devices()), "findings": []}
     dev = jax.devices()[0]
+    llc = feat["llc_bytes"] or 32 * 2**20
+    nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
+    nel = nbytes // 4
+    # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
+    sf = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
+    stream_samples = [_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "start")[0]]
     # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
     n = 512 if quick else 2048
     mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
@@ -275,22 +339,9 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     curve.append({"n": mm["float32"]["n"], "flops_per_s": mm["float32"]["flops_per_s"],
                   "spread": mm["float32"]["spread"]})
     out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
-    out["physical"] = physical_peaks(feat, measured_f32=mm["float32"]["flops_per_s_best"])
-    # streaming bandwidth, buffers far larger than the last-level cache
-    llc = feat["llc_bytes"] or 32 * 2**20
-    nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
-    nel = nbytes // 4
-    _say(f"calibrate: streaming bandwidth over {nbytes / 2**20:.0f} MiB buffers (LLC {llc / 2**20:.0f} MiB)", quiet)
-    # the output reuses the input buffer (donation): fresh large allocations would add page-fault time, which is
-    # measured apart below as the first-touch rate
-    sf = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
-    state = {"x": jax.device_put(jax.random.normal(jax.random.key(2), (nel,), jnp.float32), dev)}
-
-    def step(i):
-        state["x"] = sf(state["x"])
-        return state["x"]
-
-    m = measure_steps(step, warmup=2, repeats=reps, guard=sf)
+    # streaming bandwidth, buffers far larger than the last-level cache (second sample, kept for first touch)
+    bw_mid, m, state = _stream_sample(sf, nel, dev, reps, quiet, "middle")
+    stream_samples.append(bw_mid)
     traffic = 2.0 * nel * 4
     out["stream"] = {"buffer_bytes": nel * 4, "bytes_per_s": traffic / m.median_s,
                      "bytes_per_s_iqr": traffic * m.iqr_s / m.median_s**2, "bytes_per_s_best": traffic / m.min_s,
@@ -341,7 +392,39 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     c = jax.jit(lambda v: v + 1.0).lower(one).compile()
     m = measure(c, one, warmup=3, repeats=reps)
     out["call_overhead_s"] = m.median_s
+    _say("calibrate: per-kernel launch cost (chains of tiny dependent kernels)", quiet)
+    out["kernel_launch"] = measure_kernel_launch(dev, reps)
+    if not quick:
+        _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
+        out["rendezvous"] = measure_rendezvous(8, 5)
+    stream_samples.append(_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "end")[0])
+    lo, hi = min(stream_samples), max(stream_samples)
+    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
+                         bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
+                         sampled="at the start, the middle and the end of the calibration; bytes_per_s is the median")
+    if hi > 1.15 * lo:
+        out["findings"].append(f"streaming bandwidth drifted {hi / lo - 1:.0%} across the calibration "
+                               f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
+    out["findings"] += peak_findings(out)
     return out
+
+
+def _stream_sample(sf, nel: int, dev, reps: int, quiet: bool, when: str):
+    """(bytes/s, Measurement, state) of y = a·x + b over a fresh buffer of nel float32s, read + write counted. The
+    output reuses the input buffer (donation): fresh large allocations would add page-fault time, which is measured
+    apart as the first-touch rate."""
+    import jax
+    import jax.numpy as jnp
+
+    _say(f"calibrate: streaming bandwidth over {nel * 4 / 2**20:.0f} MiB buffers ({when})", quiet)
+    state = {"x": jax.device_put(jax.random.normal(jax.random.key(2), (nel,), jnp.float32), dev)}
+
+    def step(i):
+        state["x"] = sf(state["x"])
+        return state["x"]
+
+    m = measure_steps(step, warmup=2, repeats=reps, guard=sf)
+    return 2.0 * nel * 4 / m.median_s, m, state
 
 
 def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool = False,
@@ -391,11 +474,15 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
+        hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
+        kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
+        collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
                  "physical_peak_flops": Source("derived from CPU features: " + "; ".join(
-                     f"{k}: {v}" for k, v in cal["physical"]["derivation"].items() if k in ("float32", "bfloat16")),
+                     f"{k}: {v}" for k, v in cal["physical"]["derivation"].items()
+                     if k in ("float32", "bfloat16", "clock_source")),
                      date),
                  "hbm_bytes": Source("/proc/meminfo MemTotal", date)},
         notes=(f"{feat['model']}, {feat['cores']} cores",
@@ -415,3 +502,81 @@ def get_spec(name: str, *, calibrate_if_missing: bool = True) -> HardwareSpec:
     if resolve_name(name) == "host":
         return host_spec(run_if_missing=calibrate_if_missing)
     return catalogue_spec(name)
+
+
+def measure_kernel_launch(dev, reps: int = 9) -> dict:
+    """Fixed cost of one more kernel inside a program: two chains of dependent 8×8 matmuls (XLA fuses no dot into
+    another, so each is its own kernel; their arithmetic is ~1 kFLOP), timed whole; the slope between the chain
+    lengths is the per-kernel cost of the thunk executor (dispatch, argument lookup, completion), apart from the
+    per-call overhead of a program."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(k):
+        def f(x, w):
+            for _ in range(k):
+                x = jnp.tanh(x @ w)  # tanh fuses into the dot's consumer, not into the next dot
+            return x
+        return f
+
+    x = jax.device_put(jnp.full((8, 8), 0.5, jnp.float32), dev)
+    w = jax.device_put(jnp.eye(8, dtype=jnp.float32) * 0.9, dev)
+    out = {}
+    for k in (8, 72):
+        c = jax.jit(chain(k)).lower(x, w).compile()
+        out[k] = measure(c, x, w, warmup=3, repeats=reps).median_s
+    kernels = _count_kernels(jax.jit(chain(72)).lower(x, w).compile().as_text()) - _count_kernels(
+        jax.jit(chain(8)).lower(x, w).compile().as_text())
+    per = max(out[72] - out[8], 0.0) / max(kernels, 1)
+    return {"per_kernel_s": per, "chain_s": {str(k): v for k, v in out.items()}, "kernels_apart": kernels,
+            "how": "two chains of dependent 8x8 matmul+tanh kernels (8 and 72 links): (t72 - t8) / kernels apart"}
+
+
+def _count_kernels(hlo_text: str) -> int:
+    return sum(k.count for k in parse_kernels(hlo_text))
+
+
+RENDEZVOUS_SCRIPT = r"""
+import json, os, sys, time
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+n = int(sys.argv[1]); k = int(sys.argv[2])
+mesh = Mesh(jax.devices()[:n], ("d",))
+def chain(x):
+    for _ in range(k):
+        x = jax.lax.psum(x, "d") * 0.5
+    return x
+f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P("d")))
+c = f.lower(x).compile()
+for _ in range(3): jax.block_until_ready(c(x))
+ts = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts.append(time.perf_counter() - t0)
+ts.sort()
+print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
+"""
+
+
+def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
+    """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
+    is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float per device; the slope is the
+    wall time of one rendezvous (every device's thread must arrive; on a few cores that means scheduling them all).
+    None when the subprocess fails."""
+    res = {}
+    for k in (4, 20):
+        try:
+            p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), str(k), str(reps)],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            res[k] = json.loads(p.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+    apart = res[20]["collectives"] - res[4]["collectives"]
+    wall = max(res[20]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
+    return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
+            "chain_s": {str(k): v["median_s"] for k, v in res.items()}, "collectives_apart": apart,
+            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, each in a "
+                   "fresh process: slope of the wall time per collective"}

@@ -41,6 +41,7 @@ from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
 from workbench.measure.calibrate import get_spec
+from workbench.measure.explain import explain_step
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
 from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, CheckpointStats, fault_point, step_overhead
 from workbench.programs.data import Batches, unigram_baseline
@@ -304,6 +305,9 @@ class TrainResult:
     processes: int = 1                             # processes of the group that ran the global mesh
     hosts: int = 1                                 # distinct hosts among them
     checkpoint: CheckpointStats | None = None      # what saving and restoring did and cost
+    model_flops_causal_per_step: float = 0.0  # the attention term halved (a causal mask's work)
+    waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
+    kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
 
     @property
     def n_devices(self) -> int:
@@ -327,6 +331,13 @@ class TrainResult:
         if not (self.step_s and self.mfu_ceiling_flops):
             return None
         return self.model_flops_per_step / self.step_s / self.mfu_ceiling_flops
+
+    @property
+    def mfu_causal(self) -> float | None:
+        """As mfu, with the attention term halved (the causal-mask convention)."""
+        if not (self.step_s and self.mfu_ceiling_flops):
+            return None
+        return self.model_flops_causal_per_step / self.step_s / self.mfu_ceiling_flops
 
     @property
     def replication(self) -> float | None:
@@ -354,6 +365,7 @@ class TrainResult:
             "cost": self.cost.to_dict(), "prediction": self.prediction.to_dict() if self.prediction else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "hardware": self.hardware, "kernel_profile": self.kernel_profile,
+            "mfu_causal": self.mfu_causal, "waterfall": self.waterfall, "kernel_classes": self.kernel_classes,
             "first_step": self.first_step, "resumed_from_step": self.resumed_from_step,
             "loss_history": list(self.loss_history), "processes": self.processes, "hosts": self.hosts,
             "checkpoint": self.checkpoint.to_record() if self.checkpoint else None,
@@ -384,7 +396,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
-                profile_steps: int = 0, checkpoint: CheckpointSpec | None = None) -> TrainResult:
+                profile_steps: int = 0, checkpoint: CheckpointSpec | None = None,
+                explain: bool = False) -> TrainResult:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -517,6 +530,17 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                               if (ceiling and floor["step_floor_s"]) else None)
         kernel_profile["dot_floor"] = floor
     prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
+    explained = None
+    if explain and spec is not None and measurement is not None:  # after the timed steps: traced ones are in neither
+
+        def explained_step(i):
+            nonlocal state
+            state, metrics = run(state, next_batch["b"])
+            return metrics["loss"]
+
+        explained = explain_step(explained_step, comp.hlo_text, cost, spec, dtype=price_dtype, mesh=mesh,
+                                 step_s=measurement.median_s, model_flops=model_flops_step, ceiling_flops=ceiling,
+                                 model_flops_causal=an["train_flops_per_token_causal"] * tokens)
     last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
     base = unigram_baseline(batches.corpus)
     return TrainResult(
@@ -528,6 +552,9 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         model_flops_per_step=model_flops_step, per_device_flops=per_device_flops, compile_s=comp.compile_s,
         lower_s=comp.lower_s, params_total=an["params_total"], cost=cost, prediction=prediction,
         hardware=spec.name if spec else None, kernel_profile=kernel_profile,
+        model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
+        waterfall=explained[0].to_record() if explained else None,
+        kernel_classes=explained[1].to_record(top=15) if explained else None,
         first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
         hosts=hosts,

@@ -232,3 +232,38 @@ def peer_chart(result: dict, path: str) -> str:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
+    """A waterfall of a step's time: one pair of floating bars per term (predicted hollow, measured filled), each
+    starting where the previous term's ended, the totals at the right. terms: dicts with name, predicted_s,
+    measured_s (workbench.measure.explain.Waterfall.to_record()['terms'])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
+    cum = {"predicted_s": 0.0, "measured_s": 0.0}
+    top = 0.0
+    for i, t in enumerate(terms):
+        for key, dx, style in (("predicted_s", -0.2, dict(fill=False, edgecolor="C0", hatch="//")),
+                               ("measured_s", 0.2, dict(color="C1"))):
+            v = t[key] or 0.0
+            ax.bar(i + dx, v, bottom=cum[key], width=0.38, **style)
+            top = max(top, cum[key], cum[key] + v)
+            cum[key] += v
+    n = len(terms)
+    ax.bar(n - 0.2, cum["predicted_s"], width=0.38, fill=False, edgecolor="C0", hatch="//", label="predicted")
+    ax.bar(n + 0.2, cum["measured_s"], width=0.38, color="C1", label="measured")
+    ax.set_xticks(range(n + 1), [t["name"] for t in terms] + ["step"], rotation=25, ha="right", fontsize=8)
+    ax.set_ylim(min(0.0, *cum.values()), top * 1.06 or 1.0)
+    ax.set_ylabel("seconds per step (cumulative)")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.legend()
+    ax.set_title(title or "The step from ideal to measured", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -11,7 +11,8 @@ Terms (seconds):
                       curve), not at the peak. Used when the HLO kernel flops account for the compiler's total
                       (within 10%); otherwise max(compute_s, memory_s) and a note says why.
     predicted_serial_s  = kernel_s + comm_s            (no compute/communication overlap)
-    predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline)
+    predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline) — except on a simulated
+                          mesh, where collectives are copies on the same cores as the kernels: kernel_s + comm_s
     bound           = the largest of compute_s, memory_s, comm_s
     intensity       = flops / bytes;  ridge = peak / bandwidth
 
@@ -54,6 +55,10 @@ class Prediction:
     n_devices: int
     comm_by_kind_s: dict[str, float] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the memory bandwidth band the spec was calibrated with (host: lowest and highest stream sample) and the
+    # predicted_s at each end of it (low bandwidth -> the slower prediction); None where the spec has no band
+    memory_bw_band: tuple[float, float] | None = None
+    predicted_s_band: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,6 +86,43 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[floa
     return k.flops / peak + t_trans, k.bytes / bw
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTime:
+    """One kernel's predicted time at its own roof (per execution, one device)."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    roof: str  # 'compute' | 'memory'
+
+
+def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None) -> KernelTime:
+    """max(kernel compute, kernel memory) of one KernelCost (workbench.cost.hlo) on `spec`, per execution.
+
+    compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
+    has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
+    memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
+    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw)
+    launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
+    return KernelTime(max(kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
+
+
+def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
+    """Simulated devices exchange through this host's memory: its bandwidth, and per collective the measured
+    rendezvous cost (every device's thread must arrive; per device, so the mesh's sum is the wall time)."""
+    return Interconnect("host-memory", bw, 1, latency_s=spec.collective_latency_s or 0.0)
+
+
+def memory_bw(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool) -> tuple[float, str | None]:
+    """(bytes/s, note): the in-cache bandwidth when the program's whole working set (all devices' on a simulated
+    mesh) fits in half the last-level cache, else the memory bandwidth."""
+    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
+    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
+        return spec.onchip_bw, (f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} "
+                                "MiB last-level cache: memory priced at the measured in-cache bandwidth")
+    return spec.hbm_bw, None
+
+
 def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh: bool | None = None,
             torus_axes: int = 1) -> Prediction:
     """Predict one execution of the program that `cost` describes on `spec`.
@@ -96,12 +138,9 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     if pdt != d:
         notes.append(f"{spec.name} has no {d} units in the catalogue: priced at its {pdt} peak")
     peak = spec.peak_flops[pdt]
-    bw = spec.hbm_bw
-    footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
-    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
-        bw = spec.onchip_bw
-        notes.append(f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} MiB "
-                     "last-level cache: memory priced at the measured in-cache bandwidth")
+    bw, bw_note = memory_bw(cost, spec, simulated_mesh)
+    if bw_note:
+        notes.append(bw_note)
     mult = cost.n_devices if simulated_mesh else 1
     scope = "whole_mesh_on_host" if simulated_mesh else "per_device"
     if simulated_mesh:
@@ -135,7 +174,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     # communication: the interconnect of the spec, or host memory for simulated devices
     ic = spec.interconnect
     if simulated_mesh:
-        ic = Interconnect("host-memory", spec.hbm_bw, 1)
+        ic = host_interconnect(spec, spec.hbm_bw)
     comm_by_kind: dict[str, float] = {}
     for c in cost.collectives:
         t = collective_time(c.kind, c.payload_bytes, c.group_size, ic, torus_axes=torus_axes) * c.count * mult
@@ -146,25 +185,34 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     kflops = sum(k.flops * k.count for k in cost.kernels)
     ref = cost.hlo_flops if use_hlo else cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
-        t_kernels = 0.0
-        for k in cost.kernels:
-            kc, km = kernel_roof(k, spec, pdt, bw)
-            t_kernels += max(kc, km) * k.count
+        t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw).seconds * k.count for k in cost.kernels)
         t_kernels = t_kernels * mult + t_touch
     else:
         t_kernels = max(t_compute, t_mem)
         if cost.kernels:
             notes.append(f"HLO kernel flops ({kflops:.3g}) do not account for the compiler's ({ref:.3g}); "
                          "program-level roofline used")
+    if simulated_mesh and t_comm:
+        notes.append("simulated devices: collectives are copies on the same cores as the kernels, so nothing hides "
+                     "them: predicted_s = kernel_s + comm_s")
     if spec.call_overhead_s:
         t_kernels += spec.call_overhead_s
         notes.append(f"includes the measured per-call overhead {spec.call_overhead_s * 1e6:.0f} µs")
     intensity = flops / nbytes if nbytes else math.inf
     terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm}
     bound = max(terms, key=terms.get)
+    band = pred_band = None
+    if spec.hbm_bw_range and bw == spec.hbm_bw:
+        lo, hi = spec.hbm_bw_range
+        band = (lo, hi)
+        ends = [predict(cost, dataclasses.replace(spec, hbm_bw=b, hbm_bw_range=None), dtype=dtype,
+                        simulated_mesh=simulated_mesh, torus_axes=torus_axes).predicted_s for b in (hi, lo)]
+        pred_band = (min(ends), max(ends))
     return Prediction(
         target=spec.name, scope=scope, dtype=d, peak_dtype=pdt, peak_flops=peak, memory_bw=bw, flops=flops,
         bytes=nbytes, transcendentals=trans, compute_s=t_compute, transcendental_s=t_trans, memory_s=t_mem,
-        comm_s=t_comm, kernel_s=t_kernels, predicted_s=max(t_kernels, t_comm),
+        comm_s=t_comm, kernel_s=t_kernels,
+        predicted_s=(t_kernels + t_comm) if simulated_mesh else max(t_kernels, t_comm),
         predicted_serial_s=t_kernels + t_comm, intensity=intensity, ridge=peak / bw, bound=bound,
-        n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind, notes=tuple(dict.fromkeys(notes)))
+        n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind, notes=tuple(dict.fromkeys(notes)),
+        memory_bw_band=band, predicted_s_band=pred_band)

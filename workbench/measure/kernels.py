@@ -1,0 +1,392 @@
+"""Per-kernel truth: every kernel of a compiled program, its predicted time at its own roof beside its measured time
+from a jax.profiler trace, joined by the HLO instruction name; errors per kernel class.
+
+    table = kernel_table(compiled_or_hlo_text, step, spec, n_devices=8)   # step(i) runs the program once
+    table.rows          # KernelRow per kernel: predicted_s, measured_s (its share of the wall clock), class, ...
+    table.classes       # ClassError per class: predicted vs measured, signed error
+    table.to_record()   # JSON-ready
+
+Kernel classes (KERNEL_CLASSES): 'dot' (an unfused dot, or a fusion that is only a dot and layout ops), 'dot-fusion'
+(a fusion with a dot and other arithmetic), 'elementwise/reduce', 'copy/transpose' (data movement without
+arithmetic: copies, transposes, slices, in-place updates, broadcasts), 'collective', 'loop-control' (the kernels of
+a while loop's condition).
+
+Measured time. XLA:CPU's thunk executor records one trace event per kernel execution (args: hlo_op, device_ordinal,
+run_id). Kernels can run at once — several simulated devices share the host's cores, and the executor runs
+independent kernels concurrently — so a kernel's own duration overstates what it cost the step. Each kernel is
+charged its share of the wall clock instead: every instant of the trace is split evenly among the kernel events
+running at that instant (`measured_s`; the raw duration sum is `measured_raw_s`). The shares of all kernels add up
+to the time at least one kernel ran (`busy_s`); the rest of the traced step (`wall_s - busy_s`) is dispatch, loop
+and host work. A `while`/`call`/`conditional` event spans the kernels it runs and is not charged itself. On a
+simulated mesh a collective's event is mostly one device waiting for the others (which compute meanwhile on the
+same cores): collectives are charged only the instants when no other kernel runs (`wall_shares`).
+
+Predicted time: workbench.roofline.prediction.kernel_time (max of the kernel's compute at its dot's measured rate and its
+bytes at the memory bandwidth) × executions per run, collectives at workbench.partitioning's collective_time; on a
+simulated mesh every device's kernels run on this host, so both sides add up over the devices.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+import statistics
+import time
+from typing import Any, Callable
+
+from partitioning.collectives import collective_time
+from workbench.cost.hlo import COLLECTIVE_KINDS, ELEMENTWISE_FLOP_OPS, Instr, Module, parse_collectives, parse_kernels, parse_module
+from workbench.hardware.spec import HardwareSpec
+from workbench.roofline.prediction import host_interconnect, kernel_time
+
+KERNEL_CLASSES = ("dot", "dot-fusion", "elementwise/reduce", "copy/transpose", "collective", "loop-control")
+CONTROL_OPS = ("while", "call", "conditional")
+LAYOUT_OPS = {"parameter", "constant", "bitcast", "copy", "transpose", "reshape", "broadcast", "get-tuple-element",
+              "tuple", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "reverse", "iota",
+              "convert", "gather", "scatter"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """One traced kernel execution (seconds on the trace's clock)."""
+
+    name: str
+    device: int
+    run: str
+    start_s: float
+    dur_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTrace:
+    """The kernel events of `steps` traced runs and the wall-clock time of each run (perf_counter around it)."""
+
+    events: tuple[KernelEvent, ...]
+    wall_s: tuple[float, ...]
+
+    @property
+    def steps(self) -> int:
+        return len(self.wall_s)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelRow:
+    """One kernel, per step (one run of the program), summed over the devices that run it on this host."""
+
+    name: str
+    kernel_class: str
+    opcode: str  # the fusion kind (kLoop, kCustom, ...) or the unfused op
+    executions: float  # per step, all devices (measured; the HLO count × devices when not traced)
+    predicted_s: float
+    measured_s: float | None  # its share of the wall clock (see the module docstring); None: never traced
+    measured_raw_s: float | None  # the sum of its event durations
+    flops: float  # per step, all devices
+    dot_flops: float  # of `flops`, those of its dots
+    bytes: float  # per step, all devices (in + out)
+    roof: str  # compute | memory | comm
+    what: str  # the dot's shapes, or the op_name it came from
+
+    @property
+    def error(self) -> float | None:
+        """predicted / measured − 1 (negative: the model is optimistic)."""
+        return self.predicted_s / self.measured_s - 1 if self.measured_s else None
+
+    def to_record(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["error"] = self.error
+        return d
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClassError:
+    kernel_class: str
+    kernels: int
+    predicted_s: float
+    measured_s: float
+    median_abs_error: float | None  # over its traced kernels, each |predicted / measured − 1|
+
+    @property
+    def error(self) -> float | None:
+        return self.predicted_s / self.measured_s - 1 if self.measured_s else None
+
+    def to_record(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["error"] = self.error
+        return d
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTable:
+    rows: tuple[KernelRow, ...]  # longest measured first
+    classes: tuple[ClassError, ...]
+    steps: int
+    wall_s: float  # median traced step (wall clock)
+    busy_s: float  # per step: time at least one kernel ran
+    raw_kernel_s: float  # per step: the sum of all kernel event durations
+    n_devices: int
+    unmatched_events: int  # kernel events whose name is not an instruction of this program
+    notes: tuple[str, ...] = ()
+
+    @property
+    def idle_s(self) -> float:
+        """Per step: traced wall time with no kernel running (dispatch, argument handling, Python, host work)."""
+        return max(self.wall_s - self.busy_s, 0.0)
+
+    @property
+    def concurrency(self) -> float:
+        """Kernel-seconds per busy second: how many kernels ran at once on average."""
+        return self.raw_kernel_s / self.busy_s if self.busy_s else 0.0
+
+    def by_class(self) -> dict[str, ClassError]:
+        return {c.kernel_class: c for c in self.classes}
+
+    def to_record(self, top: int | None = 40) -> dict[str, Any]:
+        return {"steps": self.steps, "wall_s": self.wall_s, "busy_s": self.busy_s, "idle_s": self.idle_s,
+                "raw_kernel_s": self.raw_kernel_s, "concurrency": self.concurrency, "n_devices": self.n_devices,
+                "unmatched_events": self.unmatched_events,
+                "classes": {c.kernel_class: c.to_record() for c in self.classes},
+                "kernels": [r.to_record() for r in (self.rows if top is None else self.rows[:top])],
+                "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------------------------------ trace
+def trace_kernels(step: Callable[[int], Any], *, steps: int = 2, warmup: int = 1) -> KernelTrace:
+    """Run step(i) `warmup` times, then trace `steps` runs with jax.profiler; the kernel events (those the thunk
+    executor tags with `hlo_op`) and each traced run's wall-clock time."""
+    import glob
+    import gzip
+    import json
+    import shutil
+    import tempfile
+
+    import jax
+
+    for i in range(max(warmup, 0)):
+        jax.block_until_ready(step(i))
+    logdir = tempfile.mkdtemp(prefix="workbench-trace-")
+    walls = []
+    try:
+        jax.profiler.start_trace(logdir)
+        try:
+            for i in range(steps):
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(warmup + i))
+                walls.append(time.perf_counter() - t0)
+        finally:
+            jax.profiler.stop_trace()
+        files = sorted(glob.glob(f"{logdir}/plugins/profile/*/*.trace.json.gz"))
+        raw = []
+        if files:
+            with gzip.open(files[-1]) as f:
+                raw = json.load(f).get("traceEvents", [])
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    return KernelTrace(tuple(events_from_trace(raw)), tuple(walls))
+
+
+def events_from_trace(raw: list[dict]) -> list[KernelEvent]:
+    """Kernel events of a chrome-format trace: complete events whose args name an HLO op."""
+    out = []
+    for e in raw:
+        args = e.get("args") or {}
+        if e.get("ph") != "X" or "hlo_op" not in args:
+            continue
+        try:
+            dev = int(args.get("device_ordinal", 0))
+        except ValueError:
+            dev = 0
+        out.append(KernelEvent(str(args["hlo_op"]), dev, str(args.get("run_id", "")), float(e["ts"]) / 1e6,
+                               float(e.get("dur", 0.0)) / 1e6))
+    return out
+
+
+def wall_shares(events: list[KernelEvent], waits: list[bool] | None = None) -> tuple[list[float], float]:
+    """(each event's share of the wall clock, the time at least one event ran), by a sweep over start and end
+    points: every instant is split evenly among the events running then. Events flagged in `waits` (collectives on
+    simulated devices: mostly a device waiting at the rendezvous for the others, which are computing meanwhile) are
+    charged only for instants when no other kind of kernel runs — the time collectives were not hidden."""
+    waits = waits or [False] * len(events)
+    pts = []
+    for i, e in enumerate(events):
+        pts.append((e.start_s, 1, i))
+        pts.append((e.start_s + e.dur_s, 0, i))  # ends sort before starts at the same instant
+    pts.sort()
+    share = [0.0] * len(events)
+    work: set[int] = set()
+    wait: set[int] = set()
+    busy = 0.0
+    last = None
+    for t, kind, i in pts:
+        if last is not None and (work or wait) and t > last:
+            dt = t - last
+            busy += dt
+            charged = work or wait
+            each = dt / len(charged)
+            for j in charged:
+                share[j] += each
+        last = t
+        target = wait if waits[i] else work
+        if kind == 1:
+            target.add(i)
+        else:
+            target.discard(i)
+    return share, busy
+
+
+# ------------------------------------------------------------------------------------------ classes
+def _callee(ins: Instr) -> str:
+    m = re.search(r"\bcalls=%?([\w.\-]+)", ins.attrs)
+    return m.group(1) if m else ""
+
+
+def _condition_computations(mod: Module) -> set[str]:
+    """Computations that run as a while loop's condition (and what they call)."""
+    out = set()
+    for body in mod.computations.values():
+        for ins in body:
+            if ins.opcode == "while":
+                m = re.search(r"\bcondition=%?([\w.\-]+)", ins.attrs)
+                if m:
+                    out.add(m.group(1))
+    return out
+
+
+def kernel_class(ins: Instr, mod: Module, in_condition: bool = False) -> str:
+    """The class of one kernel instruction (see KERNEL_CLASSES)."""
+    op = ins.opcode
+    if in_condition:
+        return "loop-control"
+    if op.startswith(COLLECTIVE_KINDS):
+        return "collective"
+    if op in ("dot", "convolution"):
+        return "dot"
+    if op == "fusion":
+        body = mod.computations.get(_callee(ins), [])
+        if any(i.opcode.startswith(COLLECTIVE_KINDS) for i in body) or "all-reduce-scatter" in _callee(ins):
+            return "collective"
+        if any(i.opcode in ("dot", "convolution") for i in body):
+            rest = [i for i in body if i.opcode not in ("dot", "convolution") and i.opcode not in LAYOUT_OPS]
+            return "dot-fusion" if rest else "dot"
+        if any(i.opcode in ELEMENTWISE_FLOP_OPS or i.opcode in ("reduce", "reduce-window", "map", "sort")
+               for i in body):
+            return "elementwise/reduce"
+        return "copy/transpose"
+    if op in LAYOUT_OPS:
+        return "copy/transpose"
+    return "elementwise/reduce"
+
+
+def _what(ins: Instr, mod: Module) -> str:
+    body = mod.computations.get(_callee(ins), []) if ins.opcode == "fusion" else [ins]
+    dot = next((i for i in body if i.opcode in ("dot", "convolution")), None)
+    if dot is not None:
+        dims = re.findall(r"(lhs|rhs)_(contracting|batch)_dims=(\{[^}]*\})", dot.attrs)
+        return " ".join([dot.type_str.split("{")[0]] + [f"{s}_{k[0]}={v}" for s, k, v in dims])
+    m = re.search(r'op_name="([^"]+)"', ins.attrs) or next(
+        (mm for mm in (re.search(r'op_name="([^"]+)"', i.attrs) for i in body) if mm), None)
+    return "/".join(m.group(1).split("/")[-2:]) if m else ""
+
+
+# ------------------------------------------------------------------------------------------ the join
+def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
+         dtype="float32", memory_bw: float | None = None, simulated_mesh: bool | None = None) -> KernelTable:
+    """Join a kernel trace with the program's HLO: one KernelRow per kernel (traced or not), ClassError per class.
+
+    trace None: predictions only (measured fields None). memory_bw: the bandwidth kernels are priced at (default:
+    the spec's; pass workbench.roofline.prediction.memory_bw's choice to match a Prediction)."""
+    mod = parse_module(hlo_text)
+    instrs = {i.name: (comp, i) for comp, body in mod.computations.items() for i in body}
+    cond = _condition_computations(mod)
+    costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
+    if simulated_mesh is None:
+        simulated_mesh = spec.kind == "cpu" and n_devices > 1
+    mult = n_devices if simulated_mesh else 1
+    bw = memory_bw or spec.hbm_bw
+    ic = host_interconnect(spec, bw) if simulated_mesh else spec.interconnect
+    colls = {c.name: c for c in parse_collectives(hlo_text, mesh=mesh, n_devices=n_devices, mod=mod)}
+
+    shares: dict[str, float] = collections.Counter()
+    raw: dict[str, float] = collections.Counter()
+    execs: dict[str, float] = collections.Counter()
+    unmatched = 0
+    busy = raw_total = 0.0
+    steps = 1
+    if trace is not None:
+        steps = max(trace.steps, 1)
+        evs = [e for e in trace.events if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
+        waits = [simulated_mesh and e.name in instrs and kernel_class(instrs[e.name][1], mod) == "collective"
+                 for e in evs]
+        sh, busy = wall_shares(evs, waits)
+        for e, s in zip(evs, sh):
+            if e.name not in instrs:
+                unmatched += 1
+                continue
+            shares[e.name] += s / steps
+            raw[e.name] += e.dur_s / steps
+            execs[e.name] += 1 / steps
+            raw_total += e.dur_s / steps
+        busy /= steps
+
+    rows = []
+    names = [n for n in costs] + [n for n in colls if n not in costs]
+    names += [n for n in shares if n not in costs and n not in colls]
+    for name in dict.fromkeys(names):
+        comp, ins = instrs[name]
+        cls = kernel_class(ins, mod, in_condition=comp in cond)
+        k = costs.get(name)
+        c = colls.get(name)
+        if c is not None:
+            pred = collective_time(c.kind, c.payload_bytes, c.group_size, ic) * c.count * mult
+            fl, dfl, nb, roof, count = 0.0, 0.0, c.payload_bytes * c.count * mult, "comm", c.count
+        elif k is not None:
+            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw)
+            pred = kt.seconds * k.count * mult
+            fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
+            dfl = k.dot_flops * k.count * mult
+        else:  # traced but not priced (an op the HLO reader gives no cost)
+            pred, fl, dfl, nb, roof, count = 0.0, 0.0, 0.0, 0.0, "none", 1
+        traced = name in shares
+        rows.append(KernelRow(name, cls, (re.search(r"kind=(k\w+)", ins.attrs) or [None, ins.opcode])[1]
+                              if ins.opcode == "fusion" else ins.opcode,
+                              execs[name] if traced else count * mult, pred,
+                              shares[name] if traced else (0.0 if trace is not None else None),
+                              raw[name] if traced else (0.0 if trace is not None else None),
+                              fl, dfl, nb, roof, _what(ins, mod)))
+    rows.sort(key=lambda r: -(r.measured_s if r.measured_s is not None else r.predicted_s))
+    classes = []
+    for cls in KERNEL_CLASSES:
+        rs = [r for r in rows if r.kernel_class == cls]
+        if not rs:
+            continue
+        errs = [abs(r.error) for r in rs if r.error is not None and r.measured_s and r.measured_s > 0]
+        classes.append(ClassError(cls, len(rs), sum(r.predicted_s for r in rs),
+                                  sum(r.measured_s or 0.0 for r in rs), statistics.median(errs) if errs else None))
+    wall = statistics.median(trace.wall_s) if trace is not None and trace.wall_s else 0.0
+    notes = []
+    if trace is not None and busy > wall > 0:
+        notes.append(f"kernels ran {busy:.3g}s per step against a {wall:.3g}s traced wall clock: the trace clock and "
+                     "the timer disagree")
+    if simulated_mesh:
+        notes.append(f"{n_devices} simulated devices share this host: predicted and measured times add up over them")
+    return KernelTable(tuple(rows), tuple(classes), steps, wall, busy, raw_total, n_devices, unmatched, tuple(notes))
+
+
+def kernel_table(program, step: Callable[[int], Any], spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
+                 dtype="float32", steps: int = 2, warmup: int = 1, memory_bw: float | None = None) -> KernelTable:
+    """The per-kernel join for one program: `program` is a jax Compiled or its optimized HLO text, step(i) runs it
+    once (feeding its own state forward) and returns what to block on."""
+    text = program.as_text() if hasattr(program, "as_text") else str(program)
+    trace = trace_kernels(step, steps=steps, warmup=warmup)
+    return join(trace, text, spec, n_devices=n_devices, mesh=mesh, dtype=dtype, memory_bw=memory_bw)
+
+
+def class_errors_text(table: KernelTable) -> str:
+    """One line per class: predicted vs measured ms per step and the signed error."""
+    lines = []
+    for c in table.classes:
+        e = c.error
+        lines.append(f"{c.kernel_class:20s} {c.kernels:5d} kernels  predicted {c.predicted_s * 1e3:9.3f} ms  "
+                     f"measured {c.measured_s * 1e3:9.3f} ms  "
+                     + (f"error {e:+.0%}" if e is not None and math.isfinite(e) else "error n/a"))
+    return "\n".join(lines)
