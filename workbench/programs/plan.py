@@ -35,7 +35,7 @@ from workbench.errors import WorkbenchError
 from workbench.hardware.devices import enable_compilation_cache
 from workbench.programs import predict as wp
 from workbench.programs.validation import validation_error
-from workbench.results.store import Store, make_record, versions
+from workbench.results.store import RecordView, Store, make_record, versions
 
 REMATS = ("none", "per-layer", "offload")  # offload (host memory): TPU targets only (pinned host memory)
 MICROBATCHES = (1, 2, 4)
@@ -127,30 +127,17 @@ class Outcome:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlanResult(Mapping):
+class PlanResult(RecordView):
     """A plan: the ranking and what was compiled, pruned or refused (`record`, the JSON body `plan --json` prints and
     the store keeps; read it like a mapping: `r["winner"]`) and every candidate's Outcome."""
 
     record: Mapping[str, Any]
     outcomes: tuple[Outcome, ...]
 
-    def __getitem__(self, key: str):
-        return self.record[key]
-
-    def __iter__(self):
-        return iter(self.record)
-
-    def __len__(self) -> int:
-        return len(self.record)
-
     @property
     def winner(self) -> dict | None:
         return self.record.get("winner")
 
-    def to_record(self) -> dict[str, Any]:
-        return dict(self.record)
-
-    to_dict = to_record
 
 
 def default_workers() -> int:

@@ -48,7 +48,7 @@ from workbench.hardware import spec as hardware
 from workbench.hardware.spec import dtype_name
 from workbench.programs import train
 from workbench.programs.flop_counts import reconcile as reconcile_flops
-from workbench.results.store import Store, make_record
+from workbench.results.store import RecordView, Store, make_record
 from workbench.roofline import prediction as roofline
 from workbench.roofline.pricing import priced_dtype, tpu_float32_spec
 
@@ -75,7 +75,7 @@ class PredictSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetPrediction(Mapping):
+class TargetPrediction(RecordView):
     """One step compiled for a target and predicted, per device: the record's JSON body (`predict --json`, the
     store's `extra`; read it like a mapping: `tp["fits"]`, `tp.get("reason")`) and the typed CostReport and
     Prediction behind it (None when nothing compiled; plain dicts when they come from the planner's cache)."""
@@ -83,15 +83,6 @@ class TargetPrediction(Mapping):
     record: Mapping[str, Any]
     cost: CostReport | dict | None = None
     prediction: roofline.Prediction | dict | None = None
-
-    def __getitem__(self, key: str):
-        return self.record[key]
-
-    def __iter__(self):
-        return iter(self.record)
-
-    def __len__(self) -> int:
-        return len(self.record)
 
     @property
     def fits(self) -> bool:
@@ -103,11 +94,6 @@ class TargetPrediction(Mapping):
 
     def with_fields(self, **fields) -> "TargetPrediction":
         return dataclasses.replace(self, record={**self.record, **fields})
-
-    def to_record(self) -> dict[str, Any]:
-        return dict(self.record)
-
-    to_dict = to_record  # the store and emit_json serialise objects through to_dict()
 
 
 # --------------------------------------------------------------------------------------------------- defaults

@@ -20,6 +20,7 @@ import platform
 import socket
 import subprocess
 import uuid
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -47,6 +48,29 @@ def clean(o: Any):
     if hasattr(o, "item") and callable(o.item):
         return clean(o.item())
     return o
+
+
+class RecordView(Mapping):
+    """A typed result that reads like its JSON record: subclasses (frozen dataclasses) keep the record in `record`
+    beside their typed parts; `r["key"]`, `r.get(...)`, `dict(r)` and `to_record()` read the record, and the store
+    and the console serialise it through `to_dict()`."""
+
+    record: Mapping[str, Any]
+
+    def __getitem__(self, key: str):
+        return self.record[key]
+
+    def __iter__(self):
+        return iter(self.record)
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    def to_record(self) -> dict[str, Any]:
+        return dict(self.record)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.to_record()
 
 
 class Store:
