@@ -209,6 +209,10 @@ TILES.update({
                  CUDA_SPECS, 228 * _KIB, CUDA_SPECS, "228 KB shared memory per SM (Blackwell; as B200, as known)",
                  256 * _KIB, CUDA_SPECS, _NV_REG[0],
                  notes=("SM count and shared memory as B200 (as known; not re-read for B300)",)),
+    "gb300": _gpu("gb300", _SM100_MMA, PTX_TCGEN05, "tcgen05.mma (Blackwell Ultra, sm103a; the B300 GPU in a Grace "
+                  "Blackwell Ultra superchip)", 4, 148, CUDA_SPECS, 228 * _KIB, CUDA_SPECS,
+                  "228 KB shared memory per SM (Blackwell; as B200, as known)", 256 * _KIB, CUDA_SPECS, _NV_REG[0],
+                  notes=("the same GPU as b300: SM count and shared memory as B200 (as known; not re-read)",)),
     "mi300x": _gpu("mi300x", _CDNA3_MFMA, AMD_CK_XDLOPS, "MFMA (wavefront of 64), gfx942; 16x16x16 bf16 also exists",
                    4, 304, ROCM_SPECS, 64 * _KIB, ROCM_SPECS, "64 KiB LDS per CU", 512 * _KIB, ROCM_SPECS,
                    "512 KiB VGPR file per CU"),
