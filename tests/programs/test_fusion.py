@@ -45,7 +45,10 @@ def test_barrier_gives_two_kernels_once_xla_cpu_keeps_it(results_dir):
     does so in the compiler's dump and switches it off for the barrier variant, which then has two kernels."""
     r = fx.explore(fx.function_program(chain_with_barrier, X, X), no_fusion=False, barriers_in_program=True,
                    measure_it=False)
-    assert len(r.default.kernels) == 1  # the barrier was dropped
+    if len(r.default.kernels) == 2:  # this XLA:CPU keeps the barrier (jax 0.12): the default splits there already
+        assert len(compute_kernels(r.default)) == 2
+        return
+    assert len(r.default.kernels) == 1  # the barrier was dropped (jax 0.10)
     assert r.barrier_pass  # the pass that drops it, read from the dump (cse_barrier_expander in jax 0.10)
     (name,) = [n for n in r.variants if n.startswith("barriers")]
     assert len(compute_kernels(r.variants[name])) == 2
