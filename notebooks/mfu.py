@@ -13,17 +13,27 @@ train = Store().query(kind="train")
 # %%
 fig, ax = paper.figure("single")
 src = mfu if len(mfu) else train
-if len(src):
-    col = "extra.mfu"
-    lab = src["spec.strategy"] + " " + src["spec.mesh"].astype(str) + " b" + src["spec.batch"].astype(str)
-    ax.barh(lab, src[col])
+
+
+def mesh_of(r):
+    """The mesh as 'data=8,model=2' whether the record kept it as text or as a dict (flattened to spec.mesh.AXIS)."""
+    if isinstance(r.get("spec.mesh"), str):
+        return r["spec.mesh"]
+    return ",".join(f"{k.split('.')[-1]}={int(v)}" for k, v in r.items()
+                    if k.startswith("spec.mesh.") and v == v and v is not None)
+
+
+shown = src[src["extra.mfu"].notna()] if len(src) and "extra.mfu" in src.columns else src.iloc[0:0]
+if len(shown):
+    lab = [f"{r['spec.strategy']} {mesh_of(r)} b{r['spec.batch']}" for _, r in shown.iterrows()]
+    ax.barh(lab, shown["extra.mfu"].astype(float))
     ax.set_xlabel("MFU (model flops / step time / measured ceiling)")
 else:
     paper.no_records(ax, "run `python -m benchmarks.mfu` or `workbench run --preset tiny --steps 10`")
-paper.save_figure(fig, "mfu", src)
+paper.save_figure(fig, "mfu", shown)
 
 # %%
-rows = [{"preset": r.get("spec.preset"), "strategy": r["spec.strategy"], "mesh": str(r["spec.mesh"]),
+rows = [{"preset": r.get("spec.preset"), "strategy": r["spec.strategy"], "mesh": mesh_of(r),
          "batch": r["spec.batch"], "precision": r.get("spec.precision"), "step s": r.get("extra.step_s"),
          "tokens/s": r.get("extra.tokens_per_s"), "MFU": r.get("extra.mfu"),
          "predicted s": r.get("prediction.predicted_s")} for _, r in src.iterrows()]

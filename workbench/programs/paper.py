@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -74,7 +75,8 @@ def run_notebook(path: str, timeout: int = 600) -> NotebookOutcome:
     except CellExecutionError as e:
         cell = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
                      and any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-        words = [ln for ln in str(e).splitlines() if ln.strip() and not ln.startswith(("-", " "))]
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # the kernel's traceback is coloured
+        words = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("-", " "))]
         err = next((ln for ln in reversed(words) if "Error" in ln or "Exception" in ln), words[-1] if words else "?")
         return NotebookOutcome(name, False, time.perf_counter() - t0, f"cell {cell}: {err.strip()[:200]}")
     return NotebookOutcome(name, True, time.perf_counter() - t0)
