@@ -6,6 +6,17 @@ import os
 from workbench.results.console import fmt
 
 
+def _save(fig, path: str) -> str:
+    """Lay out, write (making the folder), close; the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: str = "float32") -> str:
     """Log-log roofline: the spec's ceilings (measured XLA and, for the host, physical), its ridge point, and each
     point at (intensity, achieved FLOP/s) measured (filled) and predicted (hollow).
@@ -50,11 +61,7 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
     ax.set_title(title or f"Roofline: {spec.name} (filled: measured, hollow: predicted)")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
@@ -157,11 +164,7 @@ def fusion_chart(result: dict, path: str, title: str = "", top: int = 12) -> str
         ax.set_title(f"{name}: longest kernels", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
@@ -195,11 +198,7 @@ def fusion_study_chart(rows: list[dict], path: str, title: str = "") -> str:
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def peer_chart(result: dict, path: str) -> str:
@@ -227,11 +226,7 @@ def peer_chart(result: dict, path: str) -> str:
                  fontsize=8)
     ax.legend(fontsize=8)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
@@ -262,8 +257,4 @@ def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
     ax.axhline(0, color="k", lw=0.5)
     ax.legend()
     ax.set_title(title or "The step from ideal to measured", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
