@@ -70,8 +70,24 @@ class KernelTrace:
         return len(self.wall_s)
 
 
+class _Error:
+    """predicted_s against measured_s for a row of the table, and the row as a record with its error."""
+
+    __slots__ = ()
+
+    @property
+    def error(self) -> float | None:
+        """predicted / measured − 1 (negative: the model is optimistic)."""
+        return self.predicted_s / self.measured_s - 1 if self.measured_s else None
+
+    def to_record(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["error"] = self.error
+        return d
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class KernelRow:
+class KernelRow(_Error):
     """One kernel, per step (one run of the program), summed over the devices that run it on this host."""
 
     name: str
@@ -87,33 +103,16 @@ class KernelRow:
     roof: str  # compute | memory | comm
     what: str  # the dot's shapes, or the op_name it came from
 
-    @property
-    def error(self) -> float | None:
-        """predicted / measured − 1 (negative: the model is optimistic)."""
-        return self.predicted_s / self.measured_s - 1 if self.measured_s else None
-
-    def to_record(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["error"] = self.error
-        return d
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ClassError:
+class ClassError(_Error):
     kernel_class: str
     kernels: int
     predicted_s: float
     measured_s: float
     median_abs_error: float | None  # over its traced kernels, each |predicted / measured − 1|
 
-    @property
-    def error(self) -> float | None:
-        return self.predicted_s / self.measured_s - 1 if self.measured_s else None
-
-    def to_record(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["error"] = self.error
-        return d
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
