@@ -169,3 +169,21 @@ def test_xla_estimate_guards_non_positive_values():
     assert v is None and "not positive: ignored" in note
     v, note = wp.xla_estimate(NS(cost_analysis=lambda: None))
     assert v is None and "no time estimate" in note
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_inference_step_with_scanned_layers_takes_a_stacked_cache(mode):
+    """Scanned layers keep their KV cache stacked (n_layers, b, s, k, h), as models.inference.init_cache builds it;
+    the abstract cache predict hands the step must have that form too, sharded on the batch axis."""
+    from models.precision import get_policy
+    from models.presets import get_config
+    from partitioning.mesh import make_mesh
+
+    cfg = get_config("tiny", "scan_layers=true")
+    mesh = make_mesh("data=8")
+    step, args, _ = wp.build_inference_step(cfg, get_policy("float32"), mesh, "dp", 8, cfg.seq_len, mode)
+    cache = args[3]
+    assert cache["k"].shape == (cfg.n_layers, 8, cfg.seq_len, cfg.n_kv_heads, cfg.head_dim)
+    assert cache["k"].sharding.spec[1] == "data"
+    logits, new_cache = jax.eval_shape(step, *args)
+    assert logits.shape == (8, cfg.vocab_size) and new_cache["k"].shape == cache["k"].shape

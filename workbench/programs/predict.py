@@ -177,7 +177,8 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
 def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str):
     """A jitted prefill or decode step around the models' own KV-cache functions (models/inference.py), with
     abstract sharded inputs: weights in the policy's compute dtype (inference keeps no float32 master copy), the KV
-    cache (batch, seq, kv_heads, head_dim) per layer sharded by the strategy's rules, the cache donated.
+    cache (batch, seq, kv_heads, head_dim) per layer (stacked on a leading layer axis when the layers are scanned)
+    sharded by the strategy's rules, the cache donated.
 
     prefill: `seq` prompt tokens fill an empty cache of `seq` positions; returns the last position's logits.
     decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it).
@@ -203,10 +204,15 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     kv_shape = (batch, seq, cfg.n_kv_heads, cfg.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("batch", None, "kv_heads", "head_dim"), kv_shape, mesh, rules,
                                          what="KV cache"))
-    kv = jax.ShapeDtypeStruct(kv_shape, cd, sharding=kv_sh)
     rep = NamedSharding(mesh, PartitionSpec())
-    cache = {"k": [kv] * cfg.n_layers, "v": [kv] * cfg.n_layers,
-             "index": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+    if cfg.scan_layers:  # stacked like the scanned layers' parameters (models/inference.init_cache)
+        kv_sh = NamedSharding(mesh, PartitionSpec(None, *kv_sh.spec))
+        kv = jax.ShapeDtypeStruct((cfg.n_layers, *kv_shape), cd, sharding=kv_sh)
+        layers_k = layers_v = kv
+    else:
+        kv = jax.ShapeDtypeStruct(kv_shape, cd, sharding=kv_sh)
+        layers_k = layers_v = [kv] * cfg.n_layers
+    cache = {"k": layers_k, "v": layers_v, "index": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
     cache_sh = jax.tree.map(lambda a: a.sharding, cache)
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
