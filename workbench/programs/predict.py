@@ -48,6 +48,7 @@ from workbench.hardware import spec as hardware
 from workbench.hardware.spec import dtype_name
 from workbench.programs import train
 from workbench.programs.flop_counts import reconcile as reconcile_flops
+from workbench.results.console import say
 from workbench.results.store import RecordView, Store, make_record
 from workbench.roofline import prediction as roofline
 from workbench.roofline.pricing import priced_dtype, tpu_float32_spec
@@ -564,7 +565,11 @@ def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> TargetPr
     lw = lower(spec, precheck=not compile_anyway)
     compiled, cs, err = (None, None, None)
     if lw.lowered is not None:
+        n = lw.mesh.size
+        say(f"predict: compiling {spec.preset} {spec.mode} (remat {lw.cfg.remat}) for {spec.target}: {n} devices, "
+            f"{lw.compiler}" + (" — pod-scale programs take minutes on a CPU host" if n >= 64 else ""))
         compiled, cs, err = compile_lowered(lw)
+        say(f"predict: compiled in {cs:.0f} s" + ("" if err is None else " — the compiler ran out of memory"))
     return predict_lowered(lw, compiled, cs, err)
 
 
@@ -580,6 +585,7 @@ def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = Fal
     if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
             and body.get("compile_s") is not None and body["remat"] != "per-layer"):
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
+        say(f"predict: with remat {body['remat']} the step does not fit; trying per-layer rematerialization")
         second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
         second = second.with_fields(remat_auto={
             "tried_first": body["remat"], **first, "chosen": "per-layer",

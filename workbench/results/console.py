@@ -47,6 +47,11 @@ def progress(iterable, total: int | None = None, desc: str = ""):
     return track(iterable, total=total, description=desc, console=stderr_console(), transient=True)
 
 
+def say(msg: str) -> None:
+    """One line of progress on stderr (stdout stays clean for --json)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def stderr_console():
     return Console(stderr=True)
 
