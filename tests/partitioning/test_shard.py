@@ -239,16 +239,17 @@ def test_sharding_of_every_parameter_follows_the_documented_rules(preset):
 
 
 def test_hand_derivation_says_what_each_strategy_means():
-    """The hand derivation itself, on llama3-8b's MLP (d_model 4096, d_ff 14336) and gpt2's vocabulary, written out."""
+    """The hand derivation itself, on llama3-8b's MLP (d_model 4096, d_ff 14336; layers scanned, so every block
+    parameter is stacked on a leading layer axis that is never sharded) and gpt2's vocabulary, written out."""
     hand = _by_hand("llama3-8b")
-    w = "blocks/0/mlp/w_df"
-    assert hand["dp @ data=8"][w] == {"spec": "()", "shape": [4096, 14336], "shard_shape": [4096, 14336]}
-    assert hand["fsdp @ data=8"][w]["shard_shape"] == [4096 // 8, 14336]
-    assert hand["tp @ data=2,model=4"][w]["shard_shape"] == [4096, 14336 // 4]
-    assert hand["fsdp+tp @ data=2,model=4"][w] == {"spec": "('data', 'model')", "shape": [4096, 14336],
-                                                   "shard_shape": [4096 // 2, 14336 // 4]}
-    assert hand["fsdp+tp @ data=2,model=4"]["blocks/0/mlp/w_fd"]["spec"] == "('model', 'data')"
-    assert hand["tp @ data=2,model=4"]["blocks/0/attn/w_dkh_k"]["shard_shape"] == [4096, 8 // 4, 128]
+    w, L = "blocks/mlp/w_df", hand["dp @ data=8"]["blocks/mlp/w_df"]["shape"][0]
+    assert hand["dp @ data=8"][w] == {"spec": "()", "shape": [L, 4096, 14336], "shard_shape": [L, 4096, 14336]}
+    assert hand["fsdp @ data=8"][w]["shard_shape"] == [L, 4096 // 8, 14336]
+    assert hand["tp @ data=2,model=4"][w]["shard_shape"] == [L, 4096, 14336 // 4]
+    assert hand["fsdp+tp @ data=2,model=4"][w] == {"spec": "(None, 'data', 'model')", "shape": [L, 4096, 14336],
+                                                   "shard_shape": [L, 4096 // 2, 14336 // 4]}
+    assert hand["fsdp+tp @ data=2,model=4"]["blocks/mlp/w_fd"]["spec"] == "(None, 'model', 'data')"
+    assert hand["tp @ data=2,model=4"]["blocks/attn/w_dkh_k"]["shard_shape"] == [L, 4096, 8 // 4, 128]
     assert _by_hand("gpt2-small")["tp @ data=2,model=4"] == {"offenders": {"w_vd": "vocab=50257"}}
 
 
