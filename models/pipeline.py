@@ -124,9 +124,18 @@ def _spmd_stages(mesh) -> int:
     return int(dict(mesh.shape).get(STAGE_AXIS, 1))
 
 
+def carry_dtype(mesh, residual_dtype):
+    """The dtype activations travel between stages in: the residual stream's, except float32 on XLA:CPU (which
+    also compiles the GPU targets), whose AllReducePromotion pass aborts on the bf16 program ("Invalid binary
+    instruction opcode copy", jaxlib 0.12). bf16 -> float32 is exact: the numerics are the model's either way."""
+    platform = mesh.devices.flat[0].platform if hasattr(mesh, "devices") else "cpu"
+    return jnp.dtype(jnp.float32) if platform == "cpu" else jnp.dtype(residual_dtype)
+
+
 def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, residual_dtype):
     """The pipelined layers: stacked block state (L, ...) in stage order, microbatched input (m, mb, t, d) ->
-    output (m, mb, t, d). layer_fn(layer_state, x, positions) -> (x, aux)."""
+    output (m, mb, t, d). layer_fn(layer_state, x, positions) -> (x, aux); each layer's output is rounded to
+    residual_dtype as in the model's own layer loop."""
     p, m, v = pipe.stages, pipe.microbatches, pipe.repeats
     if _spmd_stages(mesh) != p:
         raise WorkbenchError(f"pipeline of {p} stages on a mesh whose stage axis is {_spmd_stages(mesh)}; make them "
@@ -137,6 +146,7 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
     staged = jax.tree.map(lambda a: a.reshape((p, v, lc) + a.shape[1:]), stacked)
     ctx = current()
     rules = ctx[1] if ctx is not None else None
+    cd = carry_dtype(mesh, residual_dtype)
 
     def body(params, x_mb, pos):
         params = jax.tree.map(lambda a: a[0], params)  # this stage's (v, Lc, ...)
@@ -152,7 +162,7 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
                 y, _ = layer_fn(layer_state, x, pos)
                 return y.astype(residual_dtype), None
 
-            return jax.lax.scan(one, x, cp)[0]
+            return jax.lax.scan(one, x.astype(residual_dtype), cp)[0].astype(cd)
 
         def tick(carry, t):
             buf, outs = carry
@@ -171,7 +181,7 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
             return (buf, outs), None
 
         vary = lambda a: jax.lax.pcast(a, STAGE_AXIS, to="varying")
-        carry = (vary(jnp.zeros(x_mb.shape[1:], residual_dtype)), vary(jnp.zeros(x_mb.shape, residual_dtype)))
+        carry = (vary(jnp.zeros(x_mb.shape[1:], cd)), vary(jnp.zeros(x_mb.shape, cd)))
         if rules is not None:  # the block's own activation constraints, on the mesh as seen inside shard_map
             with activation_sharding(compat.get_abstract_mesh(), rules):
                 (_, outs), _ = jax.lax.scan(tick, carry, jnp.arange(pipe.ticks))
@@ -181,7 +191,7 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
 
     fn = compat.shard_map(body, mesh=mesh, in_specs=(P(STAGE_AXIS), P(), P()), out_specs=P(STAGE_AXIS),
                           axis_names=frozenset({STAGE_AXIS}))
-    return fn(staged, x_mbtd.astype(residual_dtype), pos_bt)[p - 1]
+    return fn(staged, x_mbtd.astype(cd), pos_bt)[p - 1].astype(residual_dtype)
 
 
 def forward(model, tokens_bt, pipe: PipelineSpec, mesh):
