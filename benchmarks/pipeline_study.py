@@ -13,10 +13,11 @@ Both do the same useful work (L layers × the global batch). Simulated devices s
 wall time is the work of all devices, and every stage of P computes every tick: P/U measures the ticks computed over
 the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is compared with the analytic
 (p − 1)/(v·m + p − 1). `bubble_flops` = 1 − flops(U)/flops(P) from the compiled programs' per-device kernel sums
-(workbench.cost), and memory: the temporaries memory_analysis reports for P against the activations it holds for its
-in-flight microbatches (every tick's saved activations until the backward: ticks × L/(p·v) layers × one
-microbatch's per-layer activations, models.analytics.activation_elements_per_token).
-Timing: workbench.measure.harness.measure (median of --repeats). Records of kind 'pipeline' go to the results store;
+(workbench.cost), and memory: the temporaries memory_analysis reports for P against what it holds for its in-flight
+microbatches (every tick's saved activations until the backward: ticks × L/(p·v) layers × one microbatch's per-layer
+activations, models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice
+saved at every tick).
+Timing: workbench.measure.harness.measure, in the order P U U P (median over both halves of each). Records of kind 'pipeline' go to the results store;
 the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--p", default="2,4", help="stage counts")
     ap.add_argument("--v", default="1,2", help="repeats (virtual stages per device; 1 = GPipe)")
     ap.add_argument("--m", default="4,8,16", help="microbatch counts")
-    ap.add_argument("--batch", type=int, default=16, help="global batch (sequences), fixed across m")
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences), fixed across m")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--set", dest="overrides", default="n_layers=8,d_model=256,n_heads=4,d_ff=1024",
                     help="model config overrides on the tiny preset")
@@ -111,11 +112,11 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
     import jax
 
     from models import pipeline as pp
-    from models.analytics import activation_elements_per_token
+    from models.analytics import activation_elements_per_token, attention_params, mlp_params
     from models.presets import get_config
     from partitioning.mesh import make_mesh
     from workbench.cost.compile import compile_program
-    from workbench.measure.harness import measure
+    from workbench.measure.harness import measure, summarize
     from workbench.results.console import progress
     from workbench.results.store import Store, make_record
 
@@ -123,6 +124,9 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
     store = Store()
     rows = []
     per_layer = activation_elements_per_token(cfg, seq)["per_layer"]
+    aw, ab = attention_params(cfg)
+    mw, mb_ = mlp_params(cfg)
+    layer_bytes = 4 * (aw + ab + mw + mb_ + 2 * cfg.d_model * (2 if cfg.norm == "layernorm" else 1))
     for p in ps:
         mesh = make_mesh(f"stage={p}", devices=jax.devices()[:p])
         for v in vs:
@@ -140,10 +144,21 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
                 cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
                 cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
                 progress(f"p={p} v={v} m={m}: timing pipelined and reference")
-                mp = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
-                mu = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                # P U U P: a load that drifts while one program is timed weighs on both
+                mp1 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
+                mu1 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                mu2 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                mp2 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
+                mp = summarize(list(mp1.times_s + mp2.times_s), warmup=2, calls=mp1.calls_per_repeat,
+                               compile_s=cp.compile_s)
+                mu = summarize(list(mu1.times_s + mu2.times_s), warmup=2, calls=mu1.calls_per_repeat,
+                               compile_s=cu.compile_s)
                 tokens_mb = batch // m * seq
-                held = pipe.ticks * (cfg.n_layers // (p * v)) * per_layer * tokens_mb * 4
+                lc = cfg.n_layers // (p * v)
+                acts = pipe.ticks * lc * per_layer * tokens_mb * 4
+                # circular: the chunk's weights are a dynamic slice per tick, saved for the backward every tick
+                weights = pipe.ticks * lc * layer_bytes if v > 1 else 0
+                held = acts + weights
                 permutes = [c for c in cp.cost.collectives if c.kind == "collective-permute"]
                 row = {
                     "stages": p, "repeats": v, "microbatches": m, "schedule": pipe.schedule, "ticks": pipe.ticks,
@@ -153,7 +168,9 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
                     "bubble_measured": 1 - mu.median_s / mp.median_s,
                     "flops_pipelined": cp.cost.counted_flops, "flops_reference": cu.cost.counted_flops,
                     "bubble_flops": 1 - cu.cost.counted_flops / cp.cost.counted_flops,
-                    "temp_bytes": cp.cost.temp_bytes, "predicted_activation_bytes": held,
+                    "temp_bytes": cp.cost.temp_bytes, "predicted_activation_bytes": acts,
+                    "predicted_weight_residual_bytes": weights, "predicted_held_bytes": held,
+                    "temp_over_predicted": cp.cost.temp_bytes / held,
                     "permutes_per_step": sum(c.count for c in permutes),
                     "permute_axes": sorted({a for c in permutes for a in c.mesh_axes}),
                 }
@@ -172,7 +189,8 @@ def report(rows: list[dict], out: str) -> None:
     from workbench.results.figures import markdown_table, pipeline_bubble_chart
 
     cols = ["stages", "repeats", "microbatches", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
-            "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_activation_bytes"]
+            "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_held_bytes",
+            "temp_over_predicted"]
     print_table([{k: r[k] for k in cols} for r in rows], title="pipeline bubble: analytic, compiled, measured")
     os.makedirs(out, exist_ok=True)
     if rows:
