@@ -25,7 +25,24 @@ from __future__ import annotations
 import argparse
 import os
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models import pipeline as pp
+from models.analytics import activation_elements_per_token, attention_params, mlp_params
+from models.presets import get_config
+from models.transformer import Transformer
+from partitioning.mesh import make_mesh
+from workbench import compat
+from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
+from workbench.measure.harness import measure, summarize
+from workbench.results.console import print_table, progress
+from workbench.results.figures import markdown_table, pipeline_bubble_chart
+from workbench.results.store import Store, make_record
 
 
 def _ints(s: str) -> list[int]:
@@ -56,15 +73,7 @@ def main(argv=None) -> int:
 
 def _programs(cfg, pipe, mesh, batch: int, seq: int):
     """(P, U) jitted forward+backward functions, their concrete arguments."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    from models import pipeline as pp
-    from models.transformer import Transformer
-    from workbench import compat
 
     model = Transformer(cfg, "float32", nnx.Rngs(0))
     gd, stacked = nnx.split(model.blocks)
@@ -109,16 +118,7 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
 
 
 def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
-    import jax
 
-    from models import pipeline as pp
-    from models.analytics import activation_elements_per_token, attention_params, mlp_params
-    from models.presets import get_config
-    from partitioning.mesh import make_mesh
-    from workbench.cost.compile import compile_program
-    from workbench.measure.harness import measure, summarize
-    from workbench.results.console import progress
-    from workbench.results.store import Store, make_record
 
     cfg = get_config("tiny", overrides).replace(scan_layers=True, seq_len=max(seq, 64), remat="none")
     store = Store()
@@ -185,8 +185,6 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
 
 
 def report(rows: list[dict], out: str) -> None:
-    from workbench.results.console import print_table
-    from workbench.results.figures import markdown_table, pipeline_bubble_chart
 
     cols = ["stages", "repeats", "microbatches", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
             "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_held_bytes",
