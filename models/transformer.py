@@ -46,9 +46,10 @@ class Transformer(nnx.Module):
         self.w_vd = param(rngs, normal(0.02), (v, d), ("vocab", "embed"))  # token embedding (and tied head)
         if cfg.pos == "learned":
             self.w_sd = param(rngs, normal(0.01), (cfg.seq_len, d), (None, "embed"))  # learned positions
-        if cfg.scan_layers:  # parameters stacked on a leading layer axis (logical name None: never sharded)
+        if cfg.scan_layers:  # parameters stacked on a leading layer axis (logical name 'layers': only the pipeline
+            #                  strategies shard it, over the `stage` mesh axis; models/pipeline.py)
             @nnx.split_rngs(splits=cfg.n_layers)
-            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make_blocks(rngs):
                 return Block(cfg, policy, rngs)
 
@@ -74,14 +75,19 @@ class Transformer(nnx.Module):
             logits_btv = self.head_dot("btd,dv->btv", x_btd, self.w_dv[...])
         return constrain(logits_btv, ("batch", "seq", "vocab"), "logits")
 
+    def block_call(self):
+        """(block, x_btd, positions_bt) -> (x_btd, aux): one layer under the config's remat policy (the function the
+        layer loop and the pipeline, models/pipeline.py, both apply)."""
+        return {"per-layer": _remat_block, "dots": _remat_dots_block, "offload": _remat_offload_block
+                }.get(self.cfg.remat, _block)
+
     def __call__(self, tokens_bt, positions_bt=None):
         b, t = tokens_bt.shape
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         rd = self.residual_dtype
         x_btd = self.embed(tokens_bt, positions_bt).astype(rd)
-        call = {"per-layer": _remat_block, "dots": _remat_dots_block, "offload": _remat_offload_block
-                }.get(self.cfg.remat, _block)
+        call = self.block_call()
         if self.cfg.scan_layers:
             def body(x_btd, block):
                 x_btd, aux = call(block, x_btd, positions_bt)

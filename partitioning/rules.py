@@ -1,7 +1,8 @@
 """Strategy rule tables: logical axis name -> mesh axes. One registry, loud on conflicts.
 
-Logical axes (what models/ annotate): batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, experts.
-Mesh axes (partitioning/mesh.py): data, model, expert, seq.
+Logical axes (what models/ annotate): batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, experts, layers (the
+stacked layer axis of scan_layers models).
+Mesh axes (partitioning/mesh.py): data, model, expert, seq, stage.
 
 A rule maps a logical axis to a tuple of mesh axes. Applying a table to one array (partitioning/shard.py):
 dimension by dimension, each logical axis takes its mesh axes that exist in the mesh and are not already used by an
@@ -17,6 +18,9 @@ Strategies:
   fsdp+tp  fsdp over data + tp over model.
   sp       tp + sequence (context) parallelism: activations' seq over the seq mesh axis.
   ep       tp + experts over the expert mesh axis; batch over (data, expert).
+  pp       pipeline parallelism: the stacked layers over the stage mesh axis (models/pipeline.py runs them as a
+           schedule of microbatches); batch over data.
+  pp+fsdp, pp+tp, pp+fsdp+tp   pp composed with fsdp / tp / fsdp+tp on the other axes.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import dataclasses
 from partitioning.mesh import MESH_AXES
 from workbench.errors import WorkbenchError
 
-LOGICAL_AXES = ("batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "experts")
+LOGICAL_AXES = ("batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "experts", "layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,10 @@ STRATEGIES: dict[str, tuple] = {
     "fsdp+tp": _t(("batch", "data"), ("embed", "data"), *_TP),
     "sp": _t(("batch", "data"), ("seq", "seq"), *_TP),
     "ep": _t(("batch", ("data", "expert")), ("experts", "expert"), *_TP),
+    "pp": _t(("batch", "data"), ("layers", "stage")),
+    "pp+fsdp": _t(("batch", "data"), ("embed", "data"), ("layers", "stage")),
+    "pp+tp": _t(("batch", "data"), ("layers", "stage"), *_TP),
+    "pp+fsdp+tp": _t(("batch", "data"), ("embed", "data"), ("layers", "stage"), *_TP),
 }
 
 
@@ -92,7 +100,7 @@ def strategies() -> list[str]:
 
 
 def get_rules(strategy: str | Rules) -> Rules:
-    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, ep)."""
+    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp)."""
     if isinstance(strategy, Rules):
         return strategy
     if strategy not in STRATEGIES:

@@ -7,13 +7,14 @@ asks it instead of repeating `if strategy in (...)` chains.
     s.mesh_candidates(16, cfg, seq=2048)    # [{'data': 8, 'model': 2}, {'data': 4, 'model': 4}, ...]
     s.batch_ways({'data': 2, 'model': 8})   # 2: the product of the mesh axes `batch` maps to
     s.splits_tensors                        # True: heads, kv_heads, mlp and vocab over the `model` axis
+    get_strategy("pp+fsdp").pipelined      # True: stacked layers over the `stage` axis (models/pipeline.py)
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from partitioning.mesh import TENSOR_AXIS
+from partitioning.mesh import STAGE_AXIS, TENSOR_AXIS
 from partitioning.rules import STRATEGIES, Rules, get_rules
 from workbench.errors import WorkbenchError
 
@@ -42,6 +43,22 @@ class Strategy:
         return bool(self.rules.mesh_axes_for("mlp"))
 
     @property
+    def pipelined(self) -> bool:
+        """Whether the strategy runs the stacked layers as a pipeline over the `stage` mesh axis."""
+        return STAGE_AXIS in self.rules.mesh_axes_for("layers")
+
+    @property
+    def base(self) -> "Strategy":
+        """pp+fsdp -> fsdp, pp+tp -> tp, pp+fsdp+tp -> fsdp+tp, pp -> dp; itself for the others."""
+        if not self.pipelined:
+            return self
+        return get_strategy(self.name.removeprefix("pp").removeprefix("+") or "dp")
+
+    def stage_sizes(self, n: int, cfg) -> list[int]:
+        """Pipeline stage counts a planner may try on n chips: divisors of both n and n_layers, 2..8."""
+        return [d for d in divisors(math.gcd(n, cfg.n_layers)) if 2 <= d <= 8] if self.pipelined else []
+
+    @property
     def needs_moe(self) -> bool:
         return self.extra_axis == "expert"
 
@@ -63,6 +80,9 @@ class Strategy:
     def default_mesh(self, n: int, cfg) -> dict[str, int]:
         """The mesh this strategy gets on n chips when none is given (see the class docstring)."""
         self._check_model(cfg)
+        if self.pipelined:  # the largest stage count <= 4 that divides n and n_layers, the base strategy on the rest
+            stage = max([d for d in divisors(math.gcd(n, cfg.n_layers)) if d <= 4])
+            return {STAGE_AXIS: stage, **self.base.default_mesh(n // stage, cfg)}
         if self.extra_axis is None:
             return {"data": n}
         if self.extra_axis == TENSOR_AXIS:
@@ -76,7 +96,11 @@ class Strategy:
 
     def mesh_candidates(self, n: int, cfg, seq: int | None = None) -> list[dict[str, int]]:
         """Every factorization of n chips into data × the extra axis this strategy can use (none for a dense
-        model under ep)."""
+        model under ep). Pipelined strategies: every stage count of stage_sizes × the base strategy's candidates on
+        the rest."""
+        if self.pipelined:
+            return [{STAGE_AXIS: st, **axes} for st in self.stage_sizes(n, cfg)
+                    for axes in self.base.mesh_candidates(n // st, cfg, seq)]
         if self.extra_axis is None:
             return [{"data": n}]
         return [{"data": n // e, self.extra_axis: e} for e in self.extra_sizes(n, cfg, seq)]
@@ -86,12 +110,14 @@ class Strategy:
         return math.prod(axes.get(a, 1) for a in self.rules.mesh_axes_for("batch"))
 
 
-_EXTRA = {"dp": None, "fsdp": None, "tp": TENSOR_AXIS, "fsdp+tp": TENSOR_AXIS, "sp": "seq", "ep": "expert"}
+_EXTRA = {"dp": None, "fsdp": None, "tp": TENSOR_AXIS, "fsdp+tp": TENSOR_AXIS, "sp": "seq", "ep": "expert",
+          "pp": None, "pp+fsdp": None, "pp+tp": TENSOR_AXIS, "pp+fsdp+tp": TENSOR_AXIS}
 assert set(_EXTRA) == set(STRATEGIES), "every strategy in partitioning.rules needs its extra mesh axis here"
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
-    """The Strategy for a name (dp, fsdp, tp, fsdp+tp, sp, ep); an unknown name is a one-line error."""
+    """The Strategy for a name (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp); an unknown name is a
+    one-line error."""
     if isinstance(name, Strategy):
         return name
     rules = get_rules(name)

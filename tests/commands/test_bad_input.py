@@ -26,6 +26,12 @@ CASES = [
     (["run", "--preset", "tiny", "--steps", "1", "--lr", "inf"], "--lr must be a finite number"),
     (["run", "--preset", "tiny", "--steps", "1", "--eval-every", "0"], "--eval-every must be a positive"),
     (["run", "--preset", "tiny", "--steps", "1", "--seq", "-3"], "--seq must be a positive whole number"),
+    (["run", "--preset", "small", "--strategy", "pp", "--mesh", "stage=3", "--devices", "3", "--microbatches", "3",
+      "--steps", "1"], "does not divide the model's n_layers=4"),
+    (["run", "--preset", "small", "--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--microbatches", "2",
+      "--steps", "1"], "fewer than the 4 pipeline stages"),
+    (["predict", "--preset", "small", "--target", "tpu-v5e:2x2", "--strategy", "pp", "--mesh", "stage=4",
+      "--microbatches", "2"], "fewer than the 4 pipeline stages"),
 ]
 
 

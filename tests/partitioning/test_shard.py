@@ -45,7 +45,8 @@ def test_mesh_spec_parsing_and_errors():
 
 # ------------------------------------------------------------------------------------------------- rules
 def test_rule_tables_and_errors():
-    assert set(strategies()) == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "ep"}
+    assert set(strategies()) == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "ep", "pp", "pp+fsdp", "pp+tp", "pp+fsdp+tp"}
+    assert get_rules("pp+fsdp").mapping["layers"] == ("stage",) and "layers" not in get_rules("fsdp").mapping
     assert get_rules("fsdp").mapping["embed"] == ("data",)
     assert get_rules("ep").mapping["experts"] == ("expert",)
     with pytest.raises(WorkbenchError, match="unknown strategy 'zero'"):

@@ -17,13 +17,18 @@ def test_enumeration_covers_strategies_meshes_remat_microbatches():
     c = wplan.enumerate_candidates("small", "tpu-v5e:4x4", batch=64)
     keys = {(s.strategy, s.mesh, s.remat, s.microbatches) for s in c}
     assert len(keys) == len(c)  # no duplicates
-    assert {s.strategy for s in c} == {"dp", "fsdp", "tp", "fsdp+tp", "sp"}  # ep only for MoE models
-    assert {s.remat for s in c} == {"none", "per-layer", "offload"} and {s.microbatches for s in c} == {1, 2, 4}
+    assert {s.strategy for s in c} == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "pp", "pp+fsdp", "pp+tp",
+                                       "pp+fsdp+tp"}  # ep only for MoE models
+    assert {s.remat for s in c} == {"none", "per-layer", "offload"}
+    assert {s.microbatches for s in c if not s.strategy.startswith("pp")} == {1, 2, 4}
+    # pipelines: stage counts dividing n_layers=4 and 16 chips; p, 2p, 4p microbatches (>= the stages)
+    assert {s.mesh for s in c if s.strategy == "pp"} == {"stage=2,data=8", "stage=4,data=4"}
+    assert all(s.microbatches >= int(s.mesh.split(",")[0].split("=")[1]) for s in c if s.strategy.startswith("pp"))
     assert {s.mesh for s in c if s.strategy == "tp"} == {"data=8,model=2", "data=4,model=4", "data=2,model=8",
                                                          "data=1,model=16"}
     # priority order: every strategy x mesh plain first, then remat, then microbatching
-    first = [s for s in c if s.remat == "none" and s.microbatches == 1]
-    assert c[:len(first)] == first
+    first = [s for s in c if wplan._tier(s) == 0]
+    assert c[:len(first)] == first and all(s.remat == "none" for s in first)
     # per-shard batch 64/16 = 4: microbatches must divide it
     assert all((64 // 16) % s.microbatches == 0 for s in c if s.mesh == "data=16")
 

@@ -63,6 +63,13 @@ def summary_rows(r: dict) -> list[dict]:
             rows.append({"field": label, "value": fmt(float(r[k]))})
     for kind, v in (r.get("collectives") or {}).items():
         rows.append({"field": f"  {kind}", "value": f"{int(v['count'])}× {v['bytes'] / 2**20:.3g} MiB"})
+    if r.get("pipeline"):
+        pl = r["pipeline"]
+        rows.append({"field": "pipeline", "value": f"{pl['schedule']}: {pl['stages']} stages × {pl['microbatches']} "
+                     f"microbatches × {pl['repeats']} repeats = {pl['ticks']} ticks"})
+        rows.append({"field": "bubble", "value": f"{pl['bubble_fraction']:.1%} of the layer ticks "
+                     "((p − 1)/(v·m + p − 1))" + (f"; {fmt(pl['bubble_s'])} s of the predicted step"
+                                                 if pl.get("bubble_s") is not None else "")})
     if r.get("remat_auto", {}).get("tried_first"):
         ra = r["remat_auto"]
         rows.append({"field": "remat auto", "value": f"none did not fit ({ra.get('reason')}); per-layer chosen"})
@@ -77,7 +84,8 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Option(..., "--preset", help="model preset (tiny, small, llama3-8b, ...)"),
         target: str = typer.Option(..., "--target", help="tpu-v5e:4x4, tpu-v4:2x2x1, tpu-v5p:2x2x2, tpu-v6e:2x4, "
                                                          "h100:8, h200:16, b200:8 (see docs/targets.md)"),
-        strategy: str = typer.Option(..., "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep"),
+        strategy: str = typer.Option(..., "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep | pp | pp+fsdp | "
+                                     "pp+tp | pp+fsdp+tp"),
         mesh: Optional[str] = typer.Option(None, "--mesh", help="e.g. data=4,model=4 (default: the strategy's)"),
         batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
@@ -85,7 +93,10 @@ def register(app: typer.Typer) -> None:
         remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | offload (layer inputs and q/k/v "
                                                           "to host memory) | auto (the preset's; per-layer when that "
                                                           "does not fit)"),
-        microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step"),
+        microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step (pp "
+                                         "strategies: the pipeline's microbatches)"),
+        pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "
+                                             "device (circular schedule)"),
         policy: str = typer.Option("bf16", "--policy", help="precision policy (bf16, float32, ...)"),
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         gpu_compiler: str = typer.Option("auto", "--gpu-compiler",
@@ -97,12 +108,13 @@ def register(app: typer.Typer) -> None:
     ):
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
         check_inputs(policy=policy, strategies=[strategy], batch=batch, seq=seq, microbatches=microbatches)
+        positive_int("--pipeline-repeats", pipeline_repeats)
         tgt = setup_target_devices(target, gpu_compiler)
         from workbench.programs.predict import PredictSpec, predict
 
         spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
                            mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
-                           gpu_compiler=gpu_compiler)
+                           gpu_compiler=gpu_compiler, pipeline_repeats=pipeline_repeats)
         con = stderr_console()
         with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
             r = predict(spec, compile_anyway=compile_anyway)

@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
     def run_cmd(
         ctx: typer.Context,
         preset: str = typer.Option(..., "--preset", help="model preset (see `workbench model-info`)"),
-        strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep"),
+        strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep | pp | pp+fsdp | "
+                                     "pp+tp | pp+fsdp+tp (pipeline over the `stage` mesh axis: docs/pipeline.md)"),
         mesh: Optional[str] = typer.Option(None, "--mesh", help="mesh spec, e.g. data=2,model=4 (default: data=N)"),
         devices: Optional[int] = typer.Option(None, "--devices", help="simulate N CPU devices (set before JAX starts)"),
         steps: int = typer.Option(20, "--steps", help="training steps"),
@@ -52,7 +53,10 @@ def register(app: typer.Typer) -> None:
                                                      "accelerators)"),
         batch: int = typer.Option(8, "--batch", help="global batch size (sequences)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (default: the model's seq_len)"),
-        microbatches: int = typer.Option(1, "--microbatches", help="gradient-accumulation microbatches"),
+        microbatches: int = typer.Option(1, "--microbatches", help="gradient-accumulation microbatches (pp "
+                                         "strategies: the pipeline's microbatches, >= the stage count)"),
+        pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "
+                                             "device (1: GPipe; v > 1: the circular schedule, bubble / v)"),
         overrides: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default by model size)"),
         seed: int = typer.Option(0, "--seed"),
@@ -85,6 +89,7 @@ def register(app: typer.Typer) -> None:
         steps = positive_int("--steps", steps)
         batch = positive_int("--batch", batch)
         microbatches = positive_int("--microbatches", microbatches)
+        pipeline_repeats = positive_int("--pipeline-repeats", pipeline_repeats)
         if seq is not None:
             positive_int("--seq", seq)
         if eval_every is not None:
@@ -118,7 +123,7 @@ def register(app: typer.Typer) -> None:
         result = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                              seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
                              progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt,
-                             explain=explain)
+                             explain=explain, pipeline_repeats=pipeline_repeats)
         if not group.primary:  # process 0 prints and records
             return
         r = result.to_record()
@@ -126,11 +131,14 @@ def register(app: typer.Typer) -> None:
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed,
+                "pipeline_repeats": pipeline_repeats,
                 "processes": group.processes}
         extra = {k: v for k, v in r.items() if k not in ("cost", "prediction", "measurement")}
         rec = make_record("train", spec, result.cost, result.prediction, result.measurement, extra=extra, seed=seed)
         Store().append(rec)
         summary = {k: r[k] for k in SUMMARY_KEYS + DISTRIBUTED_KEYS}
+        if r.get("pipeline"):
+            summary["pipeline"] = r["pipeline"]
         summary.update(preset=preset, record_id=rec["id"],
                        predicted_step_s=(r["prediction"] or {}).get("predicted_s"),
                        bound=(r["prediction"] or {}).get("bound"),
@@ -150,6 +158,11 @@ def register(app: typer.Typer) -> None:
         print_table([{"first loss": losses[0], "last loss": losses[-1], "val loss": r["val_loss"],
                       "unigram": r["unigram_baseline_val"], "step_s": r["step_s"], "tokens/s": r["tokens_per_s"],
                       "MFU": r["mfu"], "predicted_s": summary["predicted_step_s"], "replication": r["replication"]}])
+        if r.get("pipeline"):
+            pl = r["pipeline"]
+            print(f"pipeline: {pl['schedule']}, {pl['stages']} stages x {pl['microbatches']} microbatches"
+                  f" x {pl['repeats']} repeats = {pl['ticks']} ticks; analytic bubble {pl['bubble_fraction']:.1%}"
+                  + (f", {pl['bubble_s']:.3g} s at the host's peak" if pl.get("bubble_s") is not None else ""))
         print_table([{"collective": k, "count": v["count"], "bytes/device": v["bytes"]}
                      for k, v in r["collectives"].items()], title="collectives per step (per device)")
         if profile:

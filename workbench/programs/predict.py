@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from models import inference
+from models import inference, pipeline
 from models.analytics import analytics
 from models.config import REMATS
 from models.precision import get_policy
@@ -70,6 +70,7 @@ class PredictSpec:
     policy: str = "bf16"
     overrides: str | None = None     # model config overrides 'k=v,k=v'
     gpu_compiler: str = "auto"       # GPU targets: auto | xla-gpu (deviceless XLA:GPU) | cpu-sim
+    pipeline_repeats: int = 1        # pp strategies: virtual stages per device (models/pipeline.py)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -170,7 +171,8 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
     if spec.mode == "train":
 
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
-                                     seq_len=seq, microbatches=spec.microbatches, abstract=True)
+                                     seq_len=seq, microbatches=spec.microbatches, abstract=True,
+                                     pipeline_repeats=spec.pipeline_repeats)
         return _unpack_step(out)
     return build_inference_step(cfg, policy, mesh, spec.strategy, batch, seq, spec.mode)
 
@@ -290,7 +292,23 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
                              f"{batch // nb} (batch {batch} over {nb} data shards)")
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
+    strat = get_strategy(spec.strategy)
+    if strat.pipelined:
+        if spec.mode != "train":
+            raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
+        pipeline_spec(spec, axes).check(cfg.n_layers, batch)
+        if not cfg.scan_layers:
+            notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
+            cfg = cfg.replace(scan_layers=True)
+    elif spec.pipeline_repeats != 1:
+        raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                             f"{spec.strategy}")
     return target, cfg, axes, batch, seq, notes
+
+
+def pipeline_spec(spec: PredictSpec, axes: dict[str, int]) -> pipeline.PipelineSpec:
+    """The schedule a pipelined spec runs: the mesh's stage size, its microbatches and repeats."""
+    return pipeline.PipelineSpec(int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches, spec.pipeline_repeats)
 
 
 def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
@@ -488,6 +506,17 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         replication=(pred.flops * n / mflops) if mflops else None,
         reason=None if fits else (f"needs {_gib(mem)} per device > {_gib(hw.hbm_bytes)} HBM of {hw.name}"),
     )
+    strat = get_strategy(spec.strategy)
+    if strat.pipelined:
+        shape = dict(lw.axes)
+        bt = pipeline.bubble_terms(pipeline_spec(spec, shape), lw.cfg, lw.batch, lw.seq, strat.batch_ways(shape),
+                                   math.prod(shape.get(a, 1) for a in strat.rules.mesh_axes_for("mlp")),
+                                   price_hw.peak(price))
+        bt["predicted_step_without_bubble_s"] = max(step - bt.get("bubble_s", 0.0), floor_s)
+        bt["explain"] = ("every stage computes every tick of the SPMD program, so the compiled per-device program "
+                         "(its roofline) is the critical path through the stages and already holds the (p - 1) "
+                         "bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
+        out["pipeline"] = bt
     out["explain"] = {
         "memory_per_device_bytes": "memory_analysis: arguments + outputs + temporaries − aliased (donated) bytes",
         "compute_s": f"flops per device {pred.flops:.4g} ({flop_counts.used_source}; see flop_counts) / "

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from models import pipeline as pp
 from models import quant
 from models.analytics import analytics
 from models.config import ModelConfig
@@ -119,6 +120,7 @@ class TrainProgram:
     batch_size: int
     seq_len: int
     microbatches: int
+    pipeline: pp.PipelineSpec | None = None  # pp strategies: the schedule (models/pipeline.py); params stage-ordered
 
     def __iter__(self):
         return iter((self.step, self.state, self.batch))
@@ -135,14 +137,31 @@ def abstract_with(tree, shardings):
 
 def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batch_size: int, seq_len: int | None = None,
                      microbatches: int = 1, abstract: bool = False, seed: int = 0, learning_rate: float | None = None,
-                     total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0) -> TrainProgram:
+                     total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0,
+                     pipeline_repeats: int = 1) -> TrainProgram:
     """The sharded training step of `cfg` under `strategy` on `mesh` (see the module docstring).
 
     abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
+    Pipelined strategies (pp, pp+fsdp, pp+tp, pp+fsdp+tp): `microbatches` are the pipeline's microbatches (not
+    gradient accumulation), `pipeline_repeats` > 1 the circular schedule's virtual stages per device; the layers are
+    stacked (scan_layers=true) and stored in stage order (models/pipeline.py).
     """
 
     policy = get_policy(policy)
     rules = get_rules(strategy)
+    pipe = None
+    if pp.STAGE_AXIS in rules.mesh_axes_for("layers"):  # pp, pp+fsdp, pp+tp, pp+fsdp+tp
+        if pipeline_repeats < 1:
+            raise WorkbenchError(f"--pipeline-repeats must be >= 1, got {pipeline_repeats}")
+        pipe = pp.PipelineSpec(int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats)
+        pipe.check(cfg.n_layers, batch_size)
+        if cfg.is_moe:
+            raise WorkbenchError("pipeline parallelism is not implemented for mixture-of-experts models; use ep")
+        if not cfg.scan_layers:  # the stacked layer axis is what is sharded over `stage`
+            cfg = cfg.replace(scan_layers=True)
+    elif pipeline_repeats != 1:
+        raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                             f"{rules.name}")
     seq_len = cfg.seq_len if seq_len is None else int(seq_len)
     if cfg.pos == "learned" and seq_len > cfg.seq_len:
         raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "
@@ -150,6 +169,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     if batch_size < 1 or microbatches < 1 or batch_size % microbatches:
         raise WorkbenchError(f"batch size {batch_size} must be a positive multiple of microbatches={microbatches}")
     mb_size = batch_size // microbatches
+    accumulate = 1 if pipe is not None else microbatches  # gradient-accumulation steps
     # batch sharding (errors name 'batch' and the mesh axis when the batch does not divide)
     batch_spec = spec_for(("batch", "seq"), (mb_size, seq_len), mesh, rules, what="batch (per microbatch)")
     batch_sharding = NamedSharding(mesh, batch_spec)
@@ -161,6 +181,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
     def init_fn():
         model = Transformer(cfg, policy, nnx.Rngs(seed))
+        if pipe is not None:  # the same parameters, the stacked layer axis in stage order
+            nnx.update(model.blocks, pp.to_stage_order(nnx.state(model.blocks), pipe, cfg.n_layers))
         _, params, gmeta, rest = nnx.split(model, nnx.Param, gm, ...)
         state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": tx.init(params),
                  "step": jnp.zeros((), jnp.int32)}
@@ -176,9 +198,12 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     abs_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
                  for k in ("inputs", "targets")}
 
+    def apply_model(model, tokens_bt):
+        return model(tokens_bt) if pipe is None else pp.forward(model, tokens_bt, pipe, mesh)
+
     def forward_loss(params, gmeta, rest, batch, ls_state):
         model = nnx.merge(graphdef, params, gmeta, rest)
-        logits_btv, aux = model(batch["inputs"])
+        logits_btv, aux = apply_model(model, batch["inputs"])
         loss = cross_entropy(logits_btv, batch["targets"])
         total = loss + aux.get("loss", 0.0)
         new_rest = nnx.split(model, nnx.Param, gm, ...)[3]
@@ -190,7 +215,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
     def loss_and_grads(params, gmeta, rest, batch, ls_state):
         """-> (loss, aux, new rest, parameter grads, new gmeta); microbatches accumulate (mean) in a scan."""
-        if microbatches == 1:
+        if accumulate == 1:
             (_, (loss, aux, rest)), (grads, gmeta) = grad_fn(params, gmeta, rest, batch, ls_state)
             return loss, aux, rest, grads, gmeta
         mbs = {k: constrain(v.reshape(microbatches, mb_size, seq_len), (None, "batch", "seq"), f"microbatched {k}")
@@ -234,7 +259,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     def eval_step(params, gmeta, rest, batch):
         with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             model = nnx.merge(graphdef, params, gmeta, rest)
-            logits_btv, _ = model(batch["inputs"])
+            logits_btv, _ = apply_model(model, batch["inputs"])
             return cross_entropy(logits_btv, batch["targets"])
 
     def grads_only(params, gmeta, rest, batch):
@@ -258,7 +283,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
         batch = {k: jax.device_put(np.zeros((batch_size, seq_len), np.int32), batch_sharding)
                  for k in ("inputs", "targets")}
     return TrainProgram(step, state, batch, evaluate, grads, init, shardings, batch_sharding, mesh, rules, policy, cfg,
-                        graphdef, tx, batch_size, seq_len, microbatches)
+                        graphdef, tx, batch_size, seq_len, microbatches, pipe)
+
 
 
 # ------------------------------------------------------------------------------------------------- training loop
@@ -308,6 +334,7 @@ class TrainResult:
     model_flops_causal_per_step: float = 0.0  # the attention term halved (a causal mask's work)
     waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
     kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
+    pipeline: dict | None = None  # pp strategies: schedule, analytic bubble, its predicted seconds (bubble_terms)
 
     @property
     def n_devices(self) -> int:
@@ -369,6 +396,7 @@ class TrainResult:
             "first_step": self.first_step, "resumed_from_step": self.resumed_from_step,
             "loss_history": list(self.loss_history), "processes": self.processes, "hosts": self.hosts,
             "checkpoint": self.checkpoint.to_record() if self.checkpoint else None,
+            "pipeline": self.pipeline,
         }
 
 
@@ -397,7 +425,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
                 profile_steps: int = 0, checkpoint: CheckpointSpec | None = None,
-                explain: bool = False) -> TrainResult:
+                explain: bool = False, pipeline_repeats: int = 1) -> TrainResult:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -426,7 +454,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         raise WorkbenchError(f"the byte-level corpus needs vocab_size >= 256, got {cfg.vocab_size}")
     prog = build_train_step(cfg, policy=precision, mesh=mesh, strategy=strategy, batch_size=batch_size,
                             seq_len=seq_len, microbatches=microbatches, seed=seed, learning_rate=learning_rate,
-                            total_steps=steps)
+                            total_steps=steps, pipeline_repeats=pipeline_repeats)
+    cfg = prog.cfg  # pipelined strategies stack the layers (scan_layers=true)
     n_dev = mesh.size
     batches = Batches(batch_size, prog.seq_len, seed)
 
@@ -541,6 +570,15 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         explained = explain_step(explained_step, comp.hlo_text, cost, spec, dtype=price_dtype, mesh=mesh,
                                  step_s=measurement.median_s, model_flops=model_flops_step, ceiling_flops=ceiling,
                                  model_flops_causal=an["train_flops_per_token_causal"] * tokens)
+    pipeline = None
+    if prog.pipeline is not None:
+        shape = dict(mesh.shape)
+        pipeline = pp.bubble_terms(prog.pipeline, cfg, batch_size, prog.seq_len, prog_batch_ways(prog.rules, shape),
+                                   prog_tensor_ways(prog.rules, shape), spec.peak(price_dtype) if spec else None)
+        if measurement is not None:
+            pipeline["note"] = ("step_s on simulated CPU devices is the work of all stages sharing the host, not one "
+                                "stage's critical path: the bubble is measured by benchmarks/pipeline_study.py "
+                                "(docs/pipeline.md)" if is_simulated() else "measured step on one device per stage")
     last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
     base = unigram_baseline(batches.corpus)
     return TrainResult(
@@ -559,5 +597,15 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
         hosts=hosts,
         checkpoint=(dataclasses.replace(ckpt_stats, **step_overhead(times, timed_steps, ckpt_stats.saved_steps))
-                    if ckpt_stats is not None else None))
+                    if ckpt_stats is not None else None), pipeline=pipeline)
+
+
+def prog_batch_ways(rules, shape: dict) -> int:
+    """Mesh ways the batch is split under these rules."""
+    return math.prod(shape.get(a, 1) for a in rules.mesh_axes_for("batch"))
+
+
+def prog_tensor_ways(rules, shape: dict) -> int:
+    """Mesh ways the layers' matmuls are split (the tensor-parallel axes of `mlp`)."""
+    return math.prod(shape.get(a, 1) for a in rules.mesh_axes_for("mlp"))
 

@@ -258,3 +258,31 @@ def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
     ax.legend()
     ax.set_title(title or "The step from ideal to measured", fontsize=10)
     return _save(fig, path)
+
+
+def pipeline_bubble_chart(rows: list[dict], path: str, title: str = "") -> str:
+    """benchmarks.pipeline_study's figure: bubble fraction against microbatches m, per (stages p, repeats v): the
+    analytic (p − 1)/(v·m + p − 1) as a line, measured (filled) and from compiled flops (hollow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    keys = sorted({(r["stages"], r["repeats"]) for r in rows})
+    for i, (p, v) in enumerate(keys):
+        sel = sorted((r for r in rows if (r["stages"], r["repeats"]) == (p, v)), key=lambda r: r["microbatches"])
+        ms = np.array([r["microbatches"] for r in sel])
+        c = plt.cm.tab10(i % 10)
+        mm = np.linspace(ms.min(), ms.max(), 50)
+        ax.plot(mm, (p - 1) / (v * mm + p - 1), "-", color=c, lw=1.2, label=f"p={p} v={v} analytic")
+        ax.scatter(ms, [r["bubble_measured"] for r in sel], color=[c], s=35, label=f"p={p} v={v} measured")
+        ax.scatter(ms, [r["bubble_flops"] for r in sel], facecolors="none", edgecolors=[c], s=70, marker="s",
+                   label=f"p={p} v={v} compiled flops")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("microbatches m")
+    ax.set_ylabel("bubble fraction of the pipelined layers' time")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)

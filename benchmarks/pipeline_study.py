@@ -1,0 +1,203 @@
+"""Benchmark: the pipeline bubble over stages p, microbatches m and repeats v, predicted and measured.
+
+    python -m benchmarks.pipeline_study                      # p in {2, 4}, v in {1, 2}, m in {4, 8, 16}
+    python -m benchmarks.pipeline_study --p 4 --v 1 --m 4,8,16 --repeats 5
+    python -m benchmarks.pipeline_study --quick              # a quick check that the script works
+
+What is compared, per (p, v, m), on p simulated CPU devices (docs/pipeline.md says what this does and does not show):
+  P  the pipelined layers (models.pipeline.run_layers: shard_map over `stage`, v·m + p − 1 ticks, ppermute between
+     stages), forward and backward (gradients of every stage's parameters and of the input), global batch fixed.
+  U  the same layers, the same parameters per device, the same microbatch shape, with no bubble: each of the p
+     devices runs all L layers on m/p of the microbatches (a scan), forward and backward.
+Both do the same useful work (L layers × the global batch). Simulated devices share the host's cores, so a step's
+wall time is the work of all devices, and every stage of P computes every tick: P/U measures the ticks computed over
+the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is compared with the analytic
+(p − 1)/(v·m + p − 1). `bubble_flops` = 1 − flops(U)/flops(P) from the compiled programs' per-device kernel sums
+(workbench.cost), and memory: the temporaries memory_analysis reports for P against what it holds for its in-flight
+microbatches (every tick's saved activations until the backward: ticks × L/(p·v) layers × one microbatch's per-layer
+activations, models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice
+saved at every tick).
+Timing: workbench.measure.harness.measure, in the order P U U P (median over both halves of each). Records of kind 'pipeline' go to the results store;
+the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models import pipeline as pp
+from models.analytics import activation_elements_per_token, attention_params, mlp_params
+from models.presets import get_config
+from models.transformer import Transformer
+from partitioning.mesh import make_mesh
+from workbench import compat
+from workbench.cost.compile import compile_program
+from workbench.hardware.devices import request_devices
+from workbench.measure.harness import measure, summarize
+from workbench.results.console import print_table, progress
+from workbench.results.figures import markdown_table, pipeline_bubble_chart
+from workbench.results.store import Store, make_record
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--p", default="2,4", help="stage counts")
+    ap.add_argument("--v", default="1,2", help="repeats (virtual stages per device; 1 = GPipe)")
+    ap.add_argument("--m", default="4,8,16", help="microbatch counts")
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences), fixed across m")
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--set", dest="overrides", default="n_layers=8,d_model=256,n_heads=4,d_ff=1024",
+                    help="model config overrides on the tiny preset")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="p=2, v=1, m=2,4, a smaller model")
+    ap.add_argument("--out", default=os.path.join("reports", "pipeline"))
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.p, a.v, a.m, a.overrides, a.repeats = "2", "1", "2,4", "n_layers=4,d_model=64,d_ff=256", 2
+    ps, vs, ms = _ints(a.p), _ints(a.v), _ints(a.m)
+    request_devices(max(ps))
+    rows = run(ps, vs, ms, a.batch, a.seq, a.overrides, a.repeats)
+    report(rows, a.out)
+    return 0
+
+
+def _programs(cfg, pipe, mesh, batch: int, seq: int):
+    """(P, U) jitted forward+backward functions, their concrete arguments."""
+
+
+    model = Transformer(cfg, "float32", nnx.Rngs(0))
+    gd, stacked = nnx.split(model.blocks)
+    call = model.block_call()
+    layer_fn = lambda st, x, pos: call(nnx.merge(gd, st), x, pos)
+    m, p = pipe.microbatches, pipe.stages
+    mb = batch // m
+    x = jax.random.normal(jax.random.key(1), (m, mb, seq, cfg.d_model), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (mb, seq))
+    rd = jnp.float32
+
+    def loss_p(params, x):
+        y = pp.run_layers(layer_fn, params, x, pos, pipe, mesh, rd)
+        return jnp.mean(jnp.square(y))
+
+    stage_sh = jax.tree.map(lambda _: NamedSharding(mesh, P("stage")), stacked)
+    rep = NamedSharding(mesh, P())
+    fp = jax.jit(jax.value_and_grad(loss_p, argnums=(0, 1)), in_shardings=(stage_sh, rep))
+    args_p = (jax.device_put(stacked, stage_sh), jax.device_put(x, rep))
+
+    def body(params, x_mb):  # one device: all layers over its m/p microbatches, in sequence
+        params = jax.tree.map(lambda a: a[0], params)
+
+        def micro(_, xm):
+            def one(h, st):
+                return layer_fn(st, h, pos)[0].astype(rd), None
+
+            return None, jax.lax.scan(one, xm, params)[0]
+
+        return jax.lax.scan(micro, None, x_mb)[1]
+
+    ref = compat.shard_map(body, mesh=mesh, in_specs=(P("stage"), P("stage")), out_specs=P("stage"))
+
+    def loss_u(params, x):
+        return jnp.mean(jnp.square(ref(params, x)))
+
+    copies = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (p,) + a.shape), stacked)  # one copy per device
+    x_sh = NamedSharding(mesh, P("stage"))
+    fu = jax.jit(jax.value_and_grad(loss_u, argnums=(0, 1)), in_shardings=(stage_sh, x_sh))
+    args_u = (jax.device_put(copies, stage_sh), jax.device_put(x, x_sh))
+    return (fp, args_p), (fu, args_u)
+
+
+def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
+
+
+    cfg = get_config("tiny", overrides).replace(scan_layers=True, seq_len=max(seq, 64), remat="none")
+    store = Store()
+    rows = []
+    per_layer = activation_elements_per_token(cfg, seq)["per_layer"]
+    aw, ab = attention_params(cfg)
+    mw, mb_ = mlp_params(cfg)
+    layer_bytes = 4 * (aw + ab + mw + mb_ + 2 * cfg.d_model * (2 if cfg.norm == "layernorm" else 1))
+    for p in ps:
+        mesh = make_mesh(f"stage={p}", devices=jax.devices()[:p])
+        for v in vs:
+            for m in ms:
+                pipe = pp.PipelineSpec(p, m, v)
+                try:
+                    pipe.check(cfg.n_layers, batch)
+                except Exception as e:  # noqa: BLE001 - a grid point the schedule refuses: say so, go on
+                    progress(f"skip p={p} v={v} m={m}: {e}")
+                    continue
+                if m % p:
+                    progress(f"skip p={p} v={v} m={m}: the bubble-free reference splits m over p devices")
+                    continue
+                (fp, args_p), (fu, args_u) = _programs(cfg, pipe, mesh, batch, seq)
+                cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
+                cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
+                progress(f"p={p} v={v} m={m}: timing pipelined and reference")
+                # P U U P: a load that drifts while one program is timed weighs on both
+                mp1 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
+                mu1 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                mu2 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                mp2 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
+                mp = summarize(list(mp1.times_s + mp2.times_s), warmup=2, calls=mp1.calls_per_repeat,
+                               compile_s=cp.compile_s)
+                mu = summarize(list(mu1.times_s + mu2.times_s), warmup=2, calls=mu1.calls_per_repeat,
+                               compile_s=cu.compile_s)
+                tokens_mb = batch // m * seq
+                lc = cfg.n_layers // (p * v)
+                acts = pipe.ticks * lc * per_layer * tokens_mb * 4
+                # circular: the chunk's weights are a dynamic slice per tick, saved for the backward every tick
+                weights = pipe.ticks * lc * layer_bytes if v > 1 else 0
+                held = acts + weights
+                permutes = [c for c in cp.cost.collectives if c.kind == "collective-permute"]
+                row = {
+                    "stages": p, "repeats": v, "microbatches": m, "schedule": pipe.schedule, "ticks": pipe.ticks,
+                    "bubble_analytic": pipe.bubble_fraction,
+                    "pipelined_s": mp.median_s, "reference_s": mu.median_s,
+                    "pipelined_iqr_s": mp.iqr_s, "reference_iqr_s": mu.iqr_s,
+                    "bubble_measured": 1 - mu.median_s / mp.median_s,
+                    "flops_pipelined": cp.cost.counted_flops, "flops_reference": cu.cost.counted_flops,
+                    "bubble_flops": 1 - cu.cost.counted_flops / cp.cost.counted_flops,
+                    "temp_bytes": cp.cost.temp_bytes, "predicted_activation_bytes": acts,
+                    "predicted_weight_residual_bytes": weights, "predicted_held_bytes": held,
+                    "temp_over_predicted": cp.cost.temp_bytes / held,
+                    "permutes_per_step": sum(c.count for c in permutes),
+                    "permute_axes": sorted({a for c in permutes for a in c.mesh_axes}),
+                }
+                row["measured_vs_analytic"] = row["bubble_measured"] / row["bubble_analytic"] - 1
+                rows.append(row)
+                store.append(make_record("pipeline", {"stages": p, "repeats": v, "microbatches": m, "batch": batch,
+                                                      "seq": seq, "overrides": overrides}, cp.cost, None, mp,
+                                         extra=row))
+                progress(f"  bubble analytic {row['bubble_analytic']:.3f} measured {row['bubble_measured']:.3f} "
+                         f"flops {row['bubble_flops']:.3f}")
+    return rows
+
+
+def report(rows: list[dict], out: str) -> None:
+
+    cols = ["stages", "repeats", "microbatches", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
+            "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_held_bytes",
+            "temp_over_predicted"]
+    print_table([{k: r[k] for k in cols} for r in rows], title="pipeline bubble: analytic, compiled, measured")
+    os.makedirs(out, exist_ok=True)
+    if rows:
+        path = pipeline_bubble_chart(rows, os.path.join(out, "pipeline_bubble.png"),
+                                     title="pipeline bubble vs microbatches (simulated CPU devices)")
+        with open(os.path.join(out, "pipeline_study.md"), "w", encoding="utf-8") as f:
+            f.write(markdown_table(rows, cols) + "\n")
+        print(f"chart {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
