@@ -62,10 +62,11 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
+from models.kernels.grouped import choose_impl, grouped_matmul
 from models.params import normal, param, zeros
 from models.precision import ragged_dot_f32
 from partitioning.mesh import TENSOR_AXIS
-from partitioning.shard import current
+from partitioning.shard import constrain, current, spec_for
 from workbench import compat
 from workbench.errors import WorkbenchError
 
@@ -288,13 +289,18 @@ def ragged_dot(x_rd, w_edf, group_sizes, compute_dtype):
     return ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype).astype(compute_dtype)
 
 
-def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype) -> jax.Array:
-    """Expert FFN on rows sorted by expert (dropless): jax.lax.ragged_dot, group_sizes per expert."""
-    h = ragged_dot(x_rd, params["w_in_edf"], group_sizes, compute_dtype)
+def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype, impl: str = "ragged_dot"
+                   ) -> jax.Array:
+    """Expert FFN on rows sorted by expert (dropless): a grouped matmul (models.kernels.grouped: ragged_dot, the
+    megablox gmm on TPU, or the blocked fallback), group_sizes per expert."""
+    def gmm(x, w):
+        return grouped_matmul(x, w, group_sizes, compute_dtype, impl).astype(compute_dtype)
+
+    h = gmm(x_rd, params["w_in_edf"])
     if "b_in_ef" in params:
         h = h + params["b_in_ef"][expert_r].astype(h.dtype)
-    g = ragged_dot(x_rd, params["w_gate_edf"], group_sizes, compute_dtype) if mlp == "swiglu" else None
-    return ragged_dot(_act(mlp, h, g), params["w_out_efd"], group_sizes, compute_dtype)
+    g = gmm(x_rd, params["w_gate_edf"]) if mlp == "swiglu" else None
+    return gmm(_act(mlp, h, g), params["w_out_efd"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,6 +320,7 @@ class MoEOptions:
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.0
     skip_experts: bool = False  # cost attribution only: experts replaced by the identity (routing + permute remain)
+    gmm: str = "auto"  # dropless grouped matmul: auto | ragged_dot | gmm | blocked (models.kernels.grouped)
 
 
 def options_from_config(cfg) -> MoEOptions:
@@ -321,7 +328,17 @@ def options_from_config(cfg) -> MoEOptions:
         n_experts=cfg.n_experts, top_k=cfg.top_k, capacity_factor=cfg.capacity_factor,
         router=getattr(cfg, "router", "token-choice"), score=getattr(cfg, "router_score", "softmax"),
         mlp=getattr(cfg, "mlp", "gelu"), renormalize=getattr(cfg, "router_renormalize", None),
-        aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)))
+        aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)),
+        gmm=getattr(cfg, "moe_gmm", "auto") or "auto")
+
+
+def platform_of(mesh=None) -> str:
+    """The platform the program is compiled for: the concrete mesh's devices (TPU targets compiled from a CPU host),
+    else the partitioning context's mesh, else JAX's default device."""
+    for m in (mesh, (current() or (None,))[0]):
+        if isinstance(m, jax.sharding.Mesh):
+            return m.devices.flat[0].platform
+    return jax.devices()[0].platform
 
 
 def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
@@ -345,7 +362,7 @@ def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
     return {"expert_tk": r.expert_tk, "weight_tk": r.weight_tk, "position_tk": position_tk, "keep_tk": keep_tk}, sums
 
 
-def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None):
+def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None, platform=None):
     """MoE of one token group with all experts local. Returns (y_td float32, sums).
     Tokens are permuted in the policy's compute dtype (what the expert matmuls read anyway)."""
     T = x_td.shape[0]
@@ -359,7 +376,8 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
         if opt.skip_experts:
             y_rd = x_rd
         else:
-            y_rd = experts_ragged(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype)
+            impl = choose_impl(opt.gmm, platform or platform_of())
+            y_rd = experts_ragged(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype, impl)
             y_rd = _add_out_bias(params, y_rd, expert_r)
         return unsort_combine(y_rd, order, route["weight_tk"]), sums
     C = expert_capacity(T, E, opt.top_k, opt.capacity_factor)
@@ -399,7 +417,7 @@ def router_logits(x_td, w_router_de):
 
 
 def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: int = 1, bias_e=None,
-              jitter_td=None):
+              jitter_td=None, platform=None):
     """All experts on this device; tokens split into `groups` equal groups with their own capacity (GShard groups;
     the EP path routes one group per device, so `groups` = token shards reproduces it exactly)."""
     T, D = x_td.shape
@@ -408,12 +426,12 @@ def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: i
     xr = x_td if jitter_td is None else x_td * jitter_td
     logits_te = router_logits(xr, params["w_router_de"])
     if groups == 1:
-        return moe_group(params, x_td, logits_te, opt, dot, compute_dtype, bias_e)
+        return moe_group(params, x_td, logits_te, opt, dot, compute_dtype, bias_e, platform)
     x_gtd = x_td.reshape(groups, T // groups, D)
     l_gte = logits_te.reshape(groups, T // groups, -1)
     ys, sums = [], []
     for g in range(groups):  # a Python loop keeps `dot` (an nnx module) out of vmap; groups are few
-        y, s = moe_group(params, x_gtd[g], l_gte[g], opt, dot, compute_dtype, bias_e)
+        y, s = moe_group(params, x_gtd[g], l_gte[g], opt, dot, compute_dtype, bias_e, platform)
         ys.append(y)
         sums.append(s)
     total = jax.tree.map(lambda *a: sum(a), *sums)
@@ -456,11 +474,17 @@ def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
 
 
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None):
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
-    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`."""
+    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`.
+
+    `weight_specs` (name -> PartitionSpec, from the strategy's rules: `weight_specs_for`): the parameters enter the
+    shard_map as the strategy stores them, and each device all-gathers, in the compute dtype, the dimensions sharded
+    over axes other than the expert and tensor axes (fsdp's `embed` over `data`); the gather's transpose is a
+    reduce-scatter, so the gradients leave sharded like the parameters (ZeRO-3), not as full per-device copies.
+    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None:
         raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
@@ -493,14 +517,29 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         "w_out_efd": P(ex, tensor, None),
         "b_in_ef": P(ex, tensor), "b_out_ed": P(ex, None),
     }
+    if weight_specs is not None:
+        w_specs = {**w_specs, **weight_specs}
     p_specs = {k: w_specs[k] for k in params}
+    gathers = {k: _gather_dims(p_specs[k], (ex, tensor)) for k in params}
+    impl = choose_impl(opt.gmm, platform)
+
+    def gather(p):
+        """FSDP: the full (expert-local, tensor-local) weights, gathered in the dtype the expert matmuls read."""
+        out = {}
+        for k, v in p.items():
+            v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
+            for dim, axes in gathers[k]:
+                v = jax.lax.all_gather(v, axes, axis=dim, tiled=True)
+            out[k] = v
+        return out
 
     def local(p, x_loc, bias, jit_loc):
+        p = gather(p)
         logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
         x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
         if mode != "padded":
             route, sums = route_group(logits, opt, None, bias)
-            y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype)
+            y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype, impl)
             return y, jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
         route, sums = route_group(logits, opt, C, bias)
         if opt.router == "expert-choice":
@@ -537,6 +576,33 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     return fn(params, x_td, bias, jitter_td)
 
 
+def _gather_dims(spec, keep) -> list[tuple[int, tuple[str, ...]]]:
+    """(dimension, mesh axes) of a PartitionSpec sharded over axes outside `keep` (the expert and tensor axes)."""
+    out = []
+    for dim, names in enumerate(spec):
+        if names is None:
+            continue
+        names = names if isinstance(names, tuple) else (names,)
+        extra = tuple(a for a in names if a not in keep)
+        if extra:
+            if len(extra) != len(names):
+                raise WorkbenchError(f"parameter dimension {dim} is sharded over {names}: mixing the expert/tensor "
+                                     "axes with other axes in one dimension is not supported by the MoE layer")
+            out.append((dim, extra if len(extra) > 1 else extra[0]))
+    return out
+
+
+# logical axes of the block's parameters (models/params.param metadata; the strategies' rules shard them)
+PARAM_AXES = {"w_router_de": ("embed", None), "w_in_edf": ("experts", "embed", "mlp"),
+              "w_gate_edf": ("experts", "embed", "mlp"), "w_out_efd": ("experts", "mlp", "embed"),
+              "b_in_ef": ("experts", "mlp"), "b_out_ed": ("experts", "embed")}
+
+
+def weight_specs_for(params: dict, mesh, rules) -> dict:
+    """The PartitionSpec each MoE parameter has under a rule table (what the shard_map receives)."""
+    return {k: spec_for(PARAM_AXES[k], v.shape, mesh, rules, what=f"MoE parameter {k}") for k, v in params.items()}
+
+
 def _excl_cumsum(a, axis=-1):
     return jnp.cumsum(a, axis=axis) - a
 
@@ -568,19 +634,20 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
     return result
 
 
-def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor):
+def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor, impl="ragged_dot"):
     """Rows grouped by (local) expert through the experts (dropless, ragged_dot); partial sums over the tensor axis
     reduced; the output bias added. With opt.skip_experts the rows pass through (flop attribution)."""
     if opt.skip_experts:
         return x_rows
     pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-    y = experts_ragged(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype)
+    y = experts_ragged(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype, impl)
     if tensor is not None:
         y = jax.lax.psum(y, tensor)
     return _add_out_bias(p, y, expert_r)
 
 
-def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype):
+def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype,
+                     impl: str = "ragged_dot"):
     """Dropless EP with ragged all-to-all: send each expert exactly its rows, compute with ragged_dot, send back.
 
     Sender: assignments sorted by global expert; slice e (rows for expert e) goes to device e // E_loc.
@@ -597,7 +664,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_sorted = x_loc[token_r]  # (T_loc·K, D), rows sorted by global expert
     if ep == 1:  # all experts here: no exchange
         expert_r = route["expert_tk"].reshape(-1)[order]
-        y_sorted = _local_experts(p, x_sorted, group_sizes, expert_r, opt, compute_dtype, tensor)
+        y_sorted = _local_experts(p, x_sorted, group_sizes, expert_r, opt, compute_dtype, tensor, impl)
         return unsort_combine(y_sorted, order, route["weight_tk"])
     in_off = _excl_cumsum(group_sizes).astype(jnp.int32)  # (E,) slice e starts here
     # per source s and local expert l: how many rows arrive  (ep·E_loc,) indexed s·E_loc + l
@@ -613,7 +680,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_recv = rag(x_sorted, buf, in_off, group_sizes, out_off, recv_sizes, axis_name=axis)
     # local expert of each received row (rows past the last group are padding: computed as zeros, never sent back)
     expert_r = jnp.clip(jnp.searchsorted(jnp.cumsum(gs_local), jnp.arange(M), side="right"), 0, E_loc - 1)
-    y_recv = _local_experts(p, x_recv, gs_local, expert_r, opt, compute_dtype, tensor)
+    y_recv = _local_experts(p, x_recv, gs_local, expert_r, opt, compute_dtype, tensor, impl)
     # back: slice s·E_loc + l returns to source s, landing where that source's slice for expert (me·E_loc + l) began
     back_off = jax.lax.all_to_all(in_off, axis, 0, 0, tiled=True).astype(jnp.int32)
     y_sorted = rag(y_recv.astype(x_sorted.dtype), jnp.zeros_like(x_sorted), recv_off, recv_sizes, back_off,
@@ -659,14 +726,23 @@ class MoEBlock(nnx.Module):
         pd = policy.param_dtype
         # the same initialisation as the dense MLP in models/layers.py, so MoE and dense start alike
         std, out_std = 0.02, 0.02 / math.sqrt(2 * getattr(cfg, "n_layers", 1))
-        self.w_router_de = param(rngs, normal(std), (D, E), ("embed", None), pd)
-        self.w_in_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
+        ax = PARAM_AXES
+        self.w_router_de = param(rngs, normal(std), (D, E), ax["w_router_de"], pd)
+        self.w_in_edf = param(rngs, normal(std), (E, D, F), ax["w_in_edf"], pd)
         if self.opt.mlp == "swiglu":
-            self.w_gate_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
-        self.w_out_efd = param(rngs, normal(out_std), (E, F, D), ("experts", "mlp", "embed"), pd)
+            self.w_gate_edf = param(rngs, normal(std), (E, D, F), ax["w_gate_edf"], pd)
+        self.w_out_efd = param(rngs, normal(out_std), (E, F, D), ax["w_out_efd"], pd)
         if getattr(cfg, "bias", False):
-            self.b_in_ef = param(rngs, zeros, (E, F), ("experts", "mlp"), pd)
-            self.b_out_ed = param(rngs, zeros, (E, D), ("experts", "embed"), pd)
+            self.b_in_ef = param(rngs, zeros, (E, F), ax["b_in_ef"], pd)
+            self.b_out_ed = param(rngs, zeros, (E, D), ax["b_out_ed"], pd)
+        # shared experts (DeepSeekMoE): one dense SwiGLU/GELU MLP of n_shared·d_ff every token passes through
+        self.n_shared = int(getattr(cfg, "n_shared_experts", 0) or 0)
+        if self.n_shared:
+            fs = F * self.n_shared
+            self.w_sh_in_df = param(rngs, normal(std), (D, fs), ("embed", "mlp"), pd)
+            if self.opt.mlp == "swiglu":
+                self.w_sh_gate_df = param(rngs, normal(std), (D, fs), ("embed", "mlp"), pd)
+            self.w_sh_out_fd = param(rngs, normal(out_std), (fs, D), ("mlp", "embed"), pd)
         self.dot = policy.einsum_module(rngs=rngs)
         self.jitter = float(getattr(cfg, "router_jitter", 0.0) or 0.0)
         self.bias_rate = float(getattr(cfg, "router_bias_rate", 0.0) or 0.0)
@@ -726,13 +802,25 @@ class MoEBlock(nnx.Module):
                                            1.0 - self.jitter, 1.0 + self.jitter)
         ep = self._use_ep()
         if ep is not None:
+            ctx = _partitioning_context()
+            wspecs = weight_specs_for(params, ep[0], ctx[1]) if ctx is not None else None
             y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
-                                    tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td)
+                                    tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td, weight_specs=wspecs)
         else:
             y_td, sums = moe_local(params, x_td, self.opt, self.dot, self.compute_dtype, self.groups, bias_e,
-                                   jitter_td)
+                                   jitter_td, platform=platform_of(self.mesh))
         if self.bias_rate and not self.deterministic:
             load_e = sums["load_e"]
             self.expert_bias[...] = bias_e + self.bias_rate * jnp.sign(jnp.mean(load_e) - load_e)
         aux = finalize_stats(sums, self.opt.aux_loss_coef, self.opt.z_loss_coef)
-        return y_td.astype(self.compute_dtype).reshape(B, S, D), aux
+        y_btd = y_td.astype(self.compute_dtype).reshape(B, S, D)
+        if self.n_shared:
+            y_btd = y_btd + self.shared(x_btd).astype(self.compute_dtype)
+        return y_btd, aux
+
+    def shared(self, x_btd):
+        """The shared experts: a dense MLP on every token (sharded by the strategy like models.layers.MLP)."""
+        h = self.dot("btd,df->btf", x_btd, self.w_sh_in_df[...])
+        g = self.dot("btd,df->btf", x_btd, self.w_sh_gate_df[...]) if self.opt.mlp == "swiglu" else None
+        a = constrain(_act(self.opt.mlp, h, g), ("batch", "seq", "mlp"), "shared-expert hidden")
+        return self.dot("btf,fd->btd", a, self.w_sh_out_fd[...])
