@@ -64,7 +64,7 @@ from jax.sharding import PartitionSpec as P
 from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
 from models.kernels.grouped import choose_impl, grouped_matmul
 from models.params import normal, param, zeros
-from models.precision import ragged_dot_f32
+from models.precision import Einsum, ragged_dot_f32
 from partitioning.mesh import TENSOR_AXIS
 from partitioning.shard import constrain, current, spec_for
 from workbench import compat
@@ -283,6 +283,57 @@ def experts_dense(params: dict, x_ecd, mlp: str, dot) -> jax.Array:
     return y
 
 
+def experts_scan(params: dict, x_ecd, mlp: str, dot, gather=None) -> jax.Array:
+    """The padded-buffer expert FFN one expert at a time: a lax.scan over experts whose checkpointed step gathers
+    that expert's weights (fsdp: `gather(name, slice)` all-gathers the slice in the compute dtype) and runs up, gate,
+    activation and down on its (C, D) rows. Only one expert's (C, F) hidden and (D, F) weights are alive at once,
+    forward and backward (the backward recomputes the step); flops are those of `experts_dense`."""
+    names = [k for k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef") if k in params]
+    gather = gather or (lambda k, v: v)
+
+    def step(carry, inp):
+        x_cd, ws = inp
+        w = {k: gather(k, v) for k, v in ws.items()}
+        h = dot("cd,df->cf", x_cd, w["w_in_edf"])
+        if "b_in_ef" in w:
+            h = h + w["b_in_ef"][None, :].astype(h.dtype)
+        g = dot("cd,df->cf", x_cd, w["w_gate_edf"]) if mlp == "swiglu" else None
+        return carry, dot("cf,fd->cd", _act(mlp, h, g), w["w_out_efd"])
+
+    _, y_ecd = jax.lax.scan(jax.checkpoint(step), None, (x_ecd, {k: params[k] for k in names}))
+    return y_ecd
+
+
+def row_chunks(rows: int, width: int, itemsize: int, budget: int) -> int:
+    """How many equal chunks of rows keep one (rows/n, width) array under `budget` bytes (n divides rows)."""
+    n = max(1, math.ceil(rows * width * itemsize / max(budget, 1)))
+    while n < rows and rows % n:
+        n += 1
+    return min(n, rows)
+
+
+def experts_ragged_chunked(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype, impl: str,
+                           chunks: int) -> jax.Array:
+    """`experts_ragged` over `chunks` equal slices of the sorted rows (a checkpointed lax.scan): each slice's group
+    sizes are the groups clipped to it, so the grouped matmul of a slice computes exactly its rows. The (R, F)
+    hidden of the whole layer never exists; one slice's does, forward and backward."""
+    if chunks <= 1:
+        return experts_ragged(params, x_rd, group_sizes, expert_r, mlp, compute_dtype, impl)
+    R, D = x_rd.shape
+    rc = R // chunks
+    ends = jnp.cumsum(group_sizes).astype(jnp.int32)
+    starts = ends - group_sizes.astype(jnp.int32)
+
+    def step(carry, inp):
+        x_c, lo, e_c = inp
+        gs_c = (jnp.clip(ends, lo, lo + rc) - jnp.clip(starts, lo, lo + rc)).astype(jnp.int32)
+        return carry, experts_ragged(params, x_c, gs_c, e_c, mlp, compute_dtype, impl)
+
+    los = jnp.arange(chunks, dtype=jnp.int32) * rc
+    _, y = jax.lax.scan(jax.checkpoint(step), None, (x_rd.reshape(chunks, rc, D), los, expert_r.reshape(chunks, rc)))
+    return y.reshape(R, -1)
+
+
 def ragged_dot(x_rd, w_edf, group_sizes, compute_dtype):
     """Grouped matmul with the policy's compute dtype and float32 accumulation, forward and backward (the policy has
     no ragged op; models.precision.ragged_dot_f32)."""
@@ -320,6 +371,9 @@ class MoEOptions:
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.0
     skip_experts: bool = False  # cost attribution only: experts replaced by the identity (routing + permute remain)
+    # expert hidden activations above this many bytes per array are computed in chunks (experts_scan over experts
+    # for the padded buffer, experts_ragged_chunked over row slices for dropless): memory at pod scale
+    chunk_bytes: int = 2 ** 28
     gmm: str = "auto"  # dropless grouped matmul: auto | ragged_dot | gmm | blocked (models.kernels.grouped)
 
 
@@ -329,7 +383,8 @@ def options_from_config(cfg) -> MoEOptions:
         router=getattr(cfg, "router", "token-choice"), score=getattr(cfg, "router_score", "softmax"),
         mlp=getattr(cfg, "mlp", "gelu"), renormalize=getattr(cfg, "router_renormalize", None),
         aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)),
-        gmm=getattr(cfg, "moe_gmm", "auto") or "auto")
+        gmm=getattr(cfg, "moe_gmm", "auto") or "auto",
+        chunk_bytes=int(getattr(cfg, "moe_chunk_bytes", 2 ** 28) or 2 ** 28))
 
 
 def platform_of(mesh=None) -> str:
@@ -377,7 +432,8 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
             y_rd = x_rd
         else:
             impl = choose_impl(opt.gmm, platform or platform_of())
-            y_rd = experts_ragged(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype, impl)
+            n = row_chunks(x_rd.shape[0], opt_ff(params), jnp.dtype(compute_dtype).itemsize, opt.chunk_bytes)
+            y_rd = experts_ragged_chunked(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype, impl, n)
             y_rd = _add_out_bias(params, y_rd, expert_r)
         return unsort_combine(y_rd, order, route["weight_tk"]), sums
     C = expert_capacity(T, E, opt.top_k, opt.capacity_factor)
@@ -393,10 +449,27 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
     return combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"]), sums
 
 
+def opt_ff(params) -> int:
+    """d_ff of the (local) experts, from the up projection's shape."""
+    return int(params["w_in_edf"].shape[-1])
+
+
+def _experts_padded(params, x_ecd, opt: MoEOptions, dot, gather=None):
+    """The (E, C, D) expert FFN: one einsum over all experts, or `experts_scan` when the (E, C, F) hidden would be
+    above opt.chunk_bytes (and the policy's dot is the plain einsum, which a scan may call)."""
+    E, C, _ = x_ecd.shape
+    big = E * C * opt_ff(params) * jnp.dtype(x_ecd.dtype).itemsize > opt.chunk_bytes
+    if big and isinstance(dot, Einsum):
+        return experts_scan(params, x_ecd, opt.mlp, dot, gather)
+    if gather is not None:
+        params = {k: gather(k, v, whole=True) for k, v in params.items()}
+    return experts_dense(params, x_ecd, opt.mlp, dot)
+
+
 def _experts_or_identity(params, x_ecd, opt: MoEOptions, dot):
     if opt.skip_experts:
         return x_ecd
-    return _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+    return _add_out_bias_ecd(params, _experts_padded(params, x_ecd, opt, dot))
 
 
 def _add_out_bias(params, y_rd, expert_r):
@@ -523,23 +596,23 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     gathers = {k: _gather_dims(p_specs[k], (ex, tensor)) for k in params}
     impl = choose_impl(opt.gmm, platform)
 
-    def gather(p):
-        """FSDP: the full (expert-local, tensor-local) weights, gathered in the dtype the expert matmuls read."""
-        out = {}
-        for k, v in p.items():
-            v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
-            for dim, axes in gathers[k]:
-                v = jax.lax.all_gather(v, axes, axis=dim, tiled=True)
-            out[k] = v
-        return out
+    def gather_one(k, v, whole=True):
+        """FSDP: a parameter (whole, or one expert's slice) gathered over the non-expert, non-tensor axes it is
+        sharded on, in the dtype its consumer reads (router: float32; experts: the compute dtype)."""
+        v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
+        for dim, axes in gathers[k]:
+            v = jax.lax.all_gather(v, axes, axis=dim if whole else dim - 1, tiled=True)
+        return v
 
     def local(p, x_loc, bias, jit_loc):
-        p = gather(p)
+        lazy = {k: v for k, v in p.items() if k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef")}
+        p = {k: (v if k in lazy else gather_one(k, v)) for k, v in p.items()}
+        p_full = lambda: {**p, **{k: gather_one(k, v) for k, v in lazy.items()}}
         logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
         x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
         if mode != "padded":
             route, sums = route_group(logits, opt, None, bias)
-            y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype, impl)
+            y = _ragged_exchange(p_full(), x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype, impl)
             return y, jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
         route, sums = route_group(logits, opt, C, bias)
         if opt.router == "expert-choice":
@@ -552,7 +625,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
             y_recv = x_recv
         else:
             pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-            y_recv = experts_dense(pl, x_recv, opt.mlp, dot)
+            y_recv = _experts_padded(pl, x_recv, opt, dot, lambda k, v, whole=False: gather_one(k, v, whole))
             if tensor is not None:
                 y_recv = jax.lax.psum(y_recv, tensor)
             if "b_out_ed" in p:
@@ -640,7 +713,8 @@ def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor,
     if opt.skip_experts:
         return x_rows
     pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-    y = experts_ragged(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype, impl)
+    n = row_chunks(x_rows.shape[0], opt_ff(pl), jnp.dtype(compute_dtype).itemsize, opt.chunk_bytes)
+    y = experts_ragged_chunked(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype, impl, n)
     if tensor is not None:
         y = jax.lax.psum(y, tensor)
     return _add_out_bias(p, y, expert_r)

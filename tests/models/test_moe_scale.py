@@ -1,7 +1,7 @@
 """MoE at scale (issue 19): routing per token group under every strategy, the grouped matmul forms, the MoE memory
 model, shared experts. Every check against a plain loop, the unpartitioned layer or the compiled program."""
+import dataclasses
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -156,13 +156,37 @@ def test_dropless_routing_is_invariant_to_the_group_count():
             assert_close(aux[k], ref[1][k], jnp.float32)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(capacity_factor=1.0)])
+def test_chunked_experts_equal_the_whole_buffer_with_gradients(kw):
+    """experts_scan (one expert per scan step) and experts_ragged_chunked (row slices) against the one-shot FFN."""
+    blk = _block(**kw)
+    x_td = jax.random.normal(jax.random.key(25), (64, 8))
+    chunked = dataclasses.replace(blk.opt, chunk_bytes=1)  # every buffer "too big": chunk everything
+
+    def loss(opt):
+        return lambda p, x: jnp.sum(jnp.sin(moe.moe_local(p, x, opt, blk.dot, jnp.float32, platform="cpu")[0]))
+
+    p = blk.param_dict()
+    y0 = jax.jit(lambda p, x: moe.moe_local(p, x, blk.opt, blk.dot, jnp.float32, platform="cpu")[0])(p, x_td)
+    y1 = jax.jit(lambda p, x: moe.moe_local(p, x, chunked, blk.dot, jnp.float32, platform="cpu")[0])(p, x_td)
+    assert_close(y1, y0, jnp.float32)
+    g0 = jax.jit(jax.grad(loss(blk.opt)))(p, x_td)
+    g1 = jax.jit(jax.grad(loss(chunked)))(p, x_td)
+    for k in g0:
+        assert_close(g1[k], g0[k], jnp.float32, scale=10)
+    assert moe.row_chunks(128, 16, 4, 2048) == 4 and moe.row_chunks(96, 16, 4, 1) == 96
+
+
 @pytest.mark.compile_heavy
-@pytest.mark.parametrize("strategy,spec,groups", [("fsdp", "data=8", 8), ("fsdp+tp", "data=4,model=2", 4)])
-def test_fsdp_layer_routes_per_shard_and_reduce_scatters_gradients(strategy, spec, groups):
-    """fsdp keeps the expert weights sharded into the shard_map and gathers them inside: the same outputs, losses and
-    gradients as routing each shard's tokens as its own group, unpartitioned."""
+@pytest.mark.parametrize("strategy,spec,groups,chunk", [("fsdp", "data=8", 8, False), ("fsdp", "data=8", 8, True),
+                                                        ("fsdp+tp", "data=4,model=2", 4, True)])
+def test_fsdp_layer_routes_per_shard_and_reduce_scatters_gradients(strategy, spec, groups, chunk):
+    """fsdp keeps the expert weights sharded into the shard_map and gathers them inside (per expert when chunked):
+    the same outputs, losses and gradients as routing each shard's tokens as its own group, unpartitioned."""
     mesh = make_mesh(spec)
     blk = _block(capacity_factor=1.0)
+    if chunk:
+        blk.opt = dataclasses.replace(blk.opt, chunk_bytes=1)
     x = jax.random.normal(jax.random.key(23), (8, 4, 8))
 
     def loss(b, x):
@@ -194,7 +218,8 @@ def _step_hlo(strategy, mesh_spec, overrides):
     cfg = get_config("tiny-moe", overrides)
     prog = build_train_step(cfg, policy="float32", mesh=make_mesh(mesh_spec), strategy=strategy, batch_size=16,
                             seq_len=32, abstract=True)
-    return prog.step.lower(*prog.args).compile().as_text(), cfg
+    step, state, batch = prog
+    return step.lower(state, batch).compile().as_text(), cfg
 
 
 @pytest.mark.compile_heavy
