@@ -547,7 +547,8 @@ def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
 
 
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None):
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None,
+               check_vma: bool | None = None):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
@@ -557,7 +558,10 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
     shard_map as the strategy stores them, and each device all-gathers, in the compute dtype, the dimensions sharded
     over axes other than the expert and tensor axes (fsdp's `embed` over `data`); the gather's transpose is a
     reduce-scatter, so the gradients leave sharded like the parameters (ZeRO-3), not as full per-device copies.
-    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary."""
+    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary.
+
+    `check_vma` (jax.shard_map's varying-manual-axes check): None = on, except around the megablox kernel, whose
+    pallas_call declares its output without manual axes (JAX refuses it under the check)."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None:
         raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
@@ -641,11 +645,14 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
 
     bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
     sums_spec = {k: P() for k in STAT_KEYS}
+    if check_vma is None:
+        check_vma = not (impl == "gmm" and mode != "padded")
     if jitter_td is None:
         fn = compat.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
-                           out_specs=(tok_spec, sums_spec))
+                              out_specs=(tok_spec, sums_spec), check_vma=check_vma)
         return fn(params, x_td, bias)
-    fn = compat.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec))
+    fn = compat.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec),
+                          check_vma=check_vma)
     return fn(params, x_td, bias, jitter_td)
 
 

@@ -292,3 +292,81 @@ def test_shared_experts_add_a_dense_mlp_on_every_token():
     g = x @ blk.w_sh_gate_df[...]
     shared = (jax.nn.silu(g) * h) @ blk.w_sh_out_fd[...]
     assert_close(y - y0, shared, jnp.float32)
+
+
+def _layer_temp_bytes(cfg, tokens, devices=None):
+    """memory_analysis temporaries of one MoE layer's forward+backward (small-moe shapes) on one device."""
+    from jax.sharding import SingleDeviceSharding
+
+    from workbench.cost.compile import compile_program
+
+    policy = get_policy("bf16")
+    blk = nnx.eval_shape(lambda: moe.MoEBlock(cfg, policy, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(blk)
+    dev = devices[0] if devices else jax.devices()[0]
+    sh = SingleDeviceSharding(dev)
+    abs_state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), state)
+    x = jax.ShapeDtypeStruct((tokens // cfg.seq_len, cfg.seq_len, cfg.d_model), jnp.bfloat16, sharding=sh)
+
+    def fwd_bwd(state, x):
+        def loss(state, x):
+            y, aux = nnx.merge(graphdef, state)(x)
+            return jnp.sum(y.astype(jnp.float32) ** 2) + aux["loss"]
+        return jax.grad(loss, argnums=(0, 1))(state, x)
+
+    return compile_program(fwd_bwd, abs_state, x, analytic=False).cost.temp_bytes
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.parametrize("overrides", ["", "capacity_factor=None"])
+def test_moe_memory_model_within_25_percent_of_memory_analysis_on_cpu(overrides):
+    cfg = get_config("small-moe", overrides)
+    tokens = 4 * cfg.seq_len
+    compiled = _layer_temp_bytes(cfg, tokens)
+    model = moe_layer_memory(cfg, tokens, compute_bytes=2)["peak_bytes"]
+    assert 0.75 <= model / compiled <= 1.25, (model, compiled)
+
+
+@pytest.mark.compile_heavy
+def test_moe_memory_model_within_25_percent_of_memory_analysis_on_tpu():
+    from partitioning import topology
+
+    if not topology.libtpu_available():
+        pytest.skip("libtpu not installed: cannot compile for a TPU topology")
+    cfg = get_config("small-moe")
+    tokens = 4 * cfg.seq_len
+    compiled = _layer_temp_bytes(cfg, tokens, topology.tpu_devices("tpu-v6e:2x2"))
+    model = moe_layer_memory(cfg, tokens, compute_bytes=2)["peak_bytes"]
+    assert 0.75 <= model / compiled <= 1.25, (model, compiled)
+
+
+@pytest.mark.compile_heavy
+def test_unchecked_shard_map_used_around_the_tpu_kernel_gives_the_same_values_and_gradients():
+    """Around megablox gmm the shard_map runs with check_vma=False (the kernel's output carries no manual axes);
+    on CPU the same dropless fsdp path with the check off equals the unpartitioned per-group layer."""
+    from jax.sharding import PartitionSpec as P
+
+    from partitioning.rules import get_rules
+
+    mesh = make_mesh("data=8")
+    blk = _block()
+    p = blk.param_dict()
+    x_td = jax.random.normal(jax.random.key(26), (64, 8))
+    wspecs = moe.weight_specs_for(p, mesh, get_rules("fsdp"))
+    assert wspecs["w_in_edf"] == P(None, "data")
+
+    def ep(p, x):
+        return moe.ep_forward(p, x, blk.opt, blk.dot, jnp.float32, mesh=mesh, weight_specs=wspecs, check_vma=False,
+                              tensor_axis=None)
+
+    def loss(f):
+        return lambda p, x: jnp.sum(jnp.sin(f(p, x)[0])) + f(p, x)[1]["z_sum"] * 1e-3
+
+    local = lambda p, x: moe.moe_local(p, x, blk.opt, blk.dot, jnp.float32, groups=8, platform="cpu")
+    y0, s0 = jax.jit(local)(p, x_td)
+    y1, s1 = jax.jit(ep)(p, x_td)
+    assert_close(y1, y0, jnp.float32)
+    g0 = jax.jit(jax.grad(loss(local)))(p, x_td)
+    g1 = jax.jit(jax.grad(loss(ep)))(p, x_td)
+    for k in g0:
+        assert_close(g1[k], g0[k], jnp.float32, scale=10)
