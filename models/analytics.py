@@ -173,8 +173,20 @@ def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict,
     return out
 
 
+MOE_CHUNK_BYTES = 2 ** 28  # models/moe.py: expert hidden arrays above this are computed in pieces
+
+
+def row_chunks(rows: int, width: int, itemsize: int, budget: int) -> int:
+    """How many equal chunks of rows keep one (rows/n, width) array under `budget` bytes (n divides rows)."""
+    n = max(1, math.ceil(rows * width * itemsize / max(budget, 1)))
+    while n < rows and rows % n:
+        n += 1
+    return min(n, rows)
+
+
 def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_device: int = 1, compute_bytes: int = 2,
-                     ep: int = 1, tensor: int = 1, fsdp: int = 1, backward: bool = True) -> dict:
+                     ep: int = 1, tensor: int = 1, fsdp: int = 1, backward: bool = True,
+                     chunk_bytes: int = MOE_CHUNK_BYTES) -> dict:
     """Per-device bytes of the buffers one MoE layer builds (models/moe.py), by kind: what "does it fit" is made of.
 
     Routing is per token group (one group per device under every multi-device strategy): S = tokens_per_device /
@@ -185,10 +197,13 @@ def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_dev
       dispatch_buffer    capacity: the (E, C, D) buffer and the (S·k, D) copies scattered into it; dropless: the
                          S·k sorted rows
       expert_activations the expert hidden (rows, F/tensor) for up, gate and their product (swiglu; gelu: 2), where
-                         rows = E·C (capacity) or S·k (dropless); EP receives the same number of rows it sends
+                         rows = E·C (capacity) or S·k (dropless); EP receives the same number of rows it sends.
+                         When one such array is above `chunk_bytes` the layer computes it in pieces
+                         (models/moe.py experts_scan: one expert's C rows; experts_ragged_chunked: S·k/n rows)
+                         and only one piece is alive
       expert_outputs     (rows, D) from the down projection and the float32 (S·k, D) gather that combines them
       gathered_weights   fsdp: the expert weights of one layer all-gathered in the compute dtype (E/ep·D·F/tensor
-                         per matrix)
+                         per matrix; one expert's when the padded path runs expert by expert)
     peak_bytes: forward, the router state + dispatch + activations + outputs (+ gathered weights) of one layer alive
     at once; backward=True adds the activation gradients (one more set of expert activations and outputs), what the
     rematerialised backward of one layer holds. Counts of the program as written; XLA fuses and reuses buffers,
@@ -211,15 +226,23 @@ def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_dev
         C = int(max(1, min(S, math.ceil(cfg.capacity_factor * S * k / E))))
         rows = E * C
     f_loc = F // max(tensor, 1)
+    e_loc = E // max(ep, 1)
+    chunks, live_rows, w_experts = 1, rows, e_loc
+    if rows * f_loc * cb > chunk_bytes:
+        if dropless:
+            chunks = row_chunks(rows, f_loc, cb, chunk_bytes)
+            live_rows = rows // chunks
+        else:
+            chunks, live_rows, w_experts = e_loc, rows // e_loc, 1
     router = G * (2 * 4 * S * E + (0 if dropless else 2 * 4 * k * S * E) + 2 * 4 * S * k)
     dispatch = G * (rows * D * cb + (0 if dropless else S * k * D * cb))
-    acts = G * rows * f_loc * cb * mats
+    acts = G * live_rows * f_loc * cb * mats
     outs = G * (rows * D * cb + S * k * D * 4)
-    weights = (E // max(ep, 1)) * D * f_loc * mats * cb if fsdp > 1 else 0
+    weights = w_experts * D * f_loc * mats * cb if fsdp > 1 else 0
     peak = router + dispatch + acts + outs + weights + ((acts + outs) if backward else 0)
     return {
         "tokens_per_device": tokens_per_device, "groups_per_device": G, "tokens_per_group": S,
-        "capacity_per_expert": C, "expert_rows_per_group": rows, "dropless": dropless,
+        "capacity_per_expert": C, "expert_rows_per_group": rows, "dropless": dropless, "expert_chunks": chunks,
         "router_state_bytes": float(router), "dispatch_buffer_bytes": float(dispatch),
         "expert_activation_bytes": float(acts), "expert_output_bytes": float(outs),
         "gathered_weight_bytes": float(weights), "peak_bytes": float(peak),

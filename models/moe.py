@@ -61,6 +61,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from models.analytics import MOE_CHUNK_BYTES, row_chunks
 from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
 from models.kernels.grouped import choose_impl, grouped_matmul
 from models.params import normal, param, zeros
@@ -304,14 +305,6 @@ def experts_scan(params: dict, x_ecd, mlp: str, dot, gather=None) -> jax.Array:
     return y_ecd
 
 
-def row_chunks(rows: int, width: int, itemsize: int, budget: int) -> int:
-    """How many equal chunks of rows keep one (rows/n, width) array under `budget` bytes (n divides rows)."""
-    n = max(1, math.ceil(rows * width * itemsize / max(budget, 1)))
-    while n < rows and rows % n:
-        n += 1
-    return min(n, rows)
-
-
 def experts_ragged_chunked(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype, impl: str,
                            chunks: int) -> jax.Array:
     """`experts_ragged` over `chunks` equal slices of the sorted rows (a checkpointed lax.scan): each slice's group
@@ -373,7 +366,7 @@ class MoEOptions:
     skip_experts: bool = False  # cost attribution only: experts replaced by the identity (routing + permute remain)
     # expert hidden activations above this many bytes per array are computed in chunks (experts_scan over experts
     # for the padded buffer, experts_ragged_chunked over row slices for dropless): memory at pod scale
-    chunk_bytes: int = 2 ** 28
+    chunk_bytes: int = MOE_CHUNK_BYTES
     gmm: str = "auto"  # dropless grouped matmul: auto | ragged_dot | gmm | blocked (models.kernels.grouped)
 
 
@@ -384,7 +377,7 @@ def options_from_config(cfg) -> MoEOptions:
         mlp=getattr(cfg, "mlp", "gelu"), renormalize=getattr(cfg, "router_renormalize", None),
         aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)),
         gmm=getattr(cfg, "moe_gmm", "auto") or "auto",
-        chunk_bytes=int(getattr(cfg, "moe_chunk_bytes", 2 ** 28) or 2 ** 28))
+        chunk_bytes=int(getattr(cfg, "moe_chunk_bytes", MOE_CHUNK_BYTES) or MOE_CHUNK_BYTES))
 
 
 def platform_of(mesh=None) -> str:
