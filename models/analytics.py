@@ -18,6 +18,8 @@ Conventions (stated once, used everywhere):
 """
 from __future__ import annotations
 
+import math
+
 from models.config import ModelConfig
 from workbench.errors import WorkbenchError
 
@@ -53,7 +55,7 @@ def param_groups(cfg: ModelConfig) -> dict[str, int]:
         "embedding": v * d,
         "position": cfg.seq_len * d if cfg.pos == "learned" else 0,
         "attention": L * (aw + ab),
-        "mlp": L * experts * (mw + mb),
+        "mlp": L * experts * (mw + mb) + L * cfg.n_shared_experts * mw,  # shared experts: no biases
         "router": L * d * cfg.n_experts if cfg.is_moe else 0,
         "norms": (2 * L + 1) * _norm_params(cfg),
         "head": 0 if cfg.tie_embeddings else v * d,
@@ -65,7 +67,7 @@ def matmul_params_active(cfg: ModelConfig) -> int:
     L, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
     aw, _ = attention_params(cfg)
     mw, _ = mlp_params(cfg)
-    per_layer = aw + (cfg.top_k * mw + d * cfg.n_experts if cfg.is_moe else mw)
+    per_layer = aw + ((cfg.top_k + cfg.n_shared_experts) * mw + d * cfg.n_experts if cfg.is_moe else mw)
     return L * per_layer + v * d
 
 
@@ -74,7 +76,7 @@ def activation_elements_per_token(cfg: ModelConfig, seq_len: int | None = None) 
     s = seq_len or cfg.seq_len
     d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     attn = d + n * h + 2 * k * h + n * s + n * h  # x_in, q, k, v, softmax probs (n*s per token), attention out
-    ff = f * (cfg.top_k if cfg.is_moe else 1)
+    ff = f * (cfg.top_k + cfg.n_shared_experts if cfg.is_moe else 1)
     mlp = d + (2 * ff if cfg.mlp == "gelu" else 3 * ff)  # x_in, pre/post activation (swiglu: gate, up, product)
     norms = 2 * d
     return {"per_layer": attn + mlp + norms, "per_layer_remat": d, "logits_float32": cfg.vocab_size}
@@ -169,3 +171,80 @@ def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict,
                 + g["embedding"] + g["head"]
             out["data"] = (sharded / M + (sum(g.values()) - sharded)) * param_bytes
     return out
+
+
+MOE_CHUNK_BYTES = 2 ** 28  # models/moe.py: expert hidden arrays above this are computed in pieces
+
+
+def row_chunks(rows: int, width: int, itemsize: int, budget: int) -> int:
+    """How many equal chunks of rows keep one (rows/n, width) array under `budget` bytes (n divides rows)."""
+    n = max(1, math.ceil(rows * width * itemsize / max(budget, 1)))
+    while n < rows and rows % n:
+        n += 1
+    return min(n, rows)
+
+
+def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_device: int = 1, compute_bytes: int = 2,
+                     ep: int = 1, tensor: int = 1, fsdp: int = 1, backward: bool = True,
+                     chunk_bytes: int = MOE_CHUNK_BYTES) -> dict:
+    """Per-device bytes of the buffers one MoE layer builds (models/moe.py), by kind: what "does it fit" is made of.
+
+    Routing is per token group (one group per device under every multi-device strategy): S = tokens_per_device /
+    groups_per_device tokens, k choices, E experts, capacity C = min(S, ceil(cf·S·k/E)) per group (dropless: the
+    sorted S·k rows). Buffers (compute dtype unless noted):
+      router_state       logits, probabilities (float32 S·E each), the slot one-hot and its cumsum (int32 k·S·E
+                         each, capacity routing), chosen experts and weights (S·k)
+      dispatch_buffer    capacity: the (E, C, D) buffer and the (S·k, D) copies scattered into it; dropless: the
+                         S·k sorted rows
+      expert_activations the expert hidden (rows, F/tensor) for up, gate and their product (swiglu; gelu: 2), where
+                         rows = E·C (capacity) or S·k (dropless); EP receives the same number of rows it sends.
+                         When one such array is above `chunk_bytes` the layer computes it in pieces
+                         (models/moe.py experts_scan: one expert's C rows; experts_ragged_chunked: S·k/n rows)
+                         and only one piece is alive
+      expert_outputs     (rows, D) from the down projection and the float32 (S·k, D) gather that combines them
+      gathered_weights   fsdp: the expert weights of one layer all-gathered in the compute dtype (E/ep·D·F/tensor
+                         per matrix; one expert's when the padded path runs expert by expert)
+    peak_bytes: forward, the router state + dispatch + activations + outputs (+ gathered weights) of one layer alive
+    at once; backward=True adds the activation gradients (one more set of expert activations and outputs), what the
+    rematerialised backward of one layer holds. Counts of the program as written; XLA fuses and reuses buffers,
+    so the compiled program's temporaries are compared with this in tests (within 25 %).
+    """
+    if not cfg.is_moe:
+        return {}
+    if tokens_per_device % groups_per_device:
+        raise WorkbenchError(f"{tokens_per_device} tokens per device do not split into {groups_per_device} groups")
+    S = tokens_per_device // groups_per_device
+    G = groups_per_device
+    E, k, D, F = cfg.n_experts, cfg.top_k, cfg.d_model, cfg.d_ff
+    cb = compute_bytes
+    mats = 3 if cfg.mlp == "swiglu" else 2
+    dropless = cfg.capacity_factor is None
+    if dropless:
+        C = None
+        rows = S * k
+    else:
+        C = int(max(1, min(S, math.ceil(cfg.capacity_factor * S * k / E))))
+        rows = E * C
+    f_loc = F // max(tensor, 1)
+    e_loc = E // max(ep, 1)
+    chunks, live_rows, w_experts = 1, rows, e_loc
+    if rows * f_loc * cb > chunk_bytes:
+        if dropless:
+            chunks = row_chunks(rows, f_loc, cb, chunk_bytes)
+            live_rows = rows // chunks
+        else:
+            chunks, live_rows, w_experts = e_loc, rows // e_loc, 1
+    router = G * (2 * 4 * S * E + (0 if dropless else 2 * 4 * k * S * E) + 2 * 4 * S * k)
+    dispatch = G * (rows * D * cb + (0 if dropless else S * k * D * cb))
+    acts = G * live_rows * f_loc * cb * mats
+    outs = G * (rows * D * cb + S * k * D * 4)
+    weights = w_experts * D * f_loc * mats * cb if fsdp > 1 else 0
+    peak = router + dispatch + acts + outs + weights + ((acts + outs) if backward else 0)
+    return {
+        "tokens_per_device": tokens_per_device, "groups_per_device": G, "tokens_per_group": S,
+        "capacity_per_expert": C, "expert_rows_per_group": rows, "dropless": dropless, "expert_chunks": chunks,
+        "router_state_bytes": float(router), "dispatch_buffer_bytes": float(dispatch),
+        "expert_activation_bytes": float(acts), "expert_output_bytes": float(outs),
+        "gathered_weight_bytes": float(weights), "peak_bytes": float(peak),
+        "convention": "models.analytics.moe_layer_memory: one MoE layer's buffers per device (docstring)",
+    }

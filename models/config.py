@@ -18,6 +18,7 @@ ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
 REMATS = ("none", "per-layer", "dots", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
+GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul (models/kernels/grouped.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,8 @@ class ModelConfig:
     router_jitter: float = 0.0  # multiplicative uniform noise on router inputs while training (0: off)
     router_bias_rate: float = 0.0  # loss-free balancing: per-expert bias update rate (0: off)
     moe_a2a: str = "auto"  # expert-parallel exchange: auto | padded | ragged | ragged-emulated (models/moe.py)
+    moe_gmm: str = "auto"  # dropless grouped matmul: auto (per backend) | ragged_dot | gmm | blocked
+    n_shared_experts: int = 0  # always-on experts every token passes through (DeepSeekMoE), each of d_ff
     # memory
     remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass) | 'dots'
     #                      (save only matmul outputs, recompute norms, softmax and activations in the backward pass)
@@ -88,6 +91,10 @@ class ModelConfig:
                               ("router_score", ROUTER_SCORES), ("remat", REMATS)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.moe_gmm not in GMM_IMPLS:
+            raise WorkbenchError(f"model config moe_gmm={self.moe_gmm!r} is not one of {', '.join(GMM_IMPLS)}")
+        if self.n_shared_experts < 0 or (self.n_shared_experts and not self.n_experts):
+            raise WorkbenchError("n_shared_experts must be >= 0 and needs n_experts > 0")
         if self.moe_a2a not in A2A_MODES:
             raise WorkbenchError(f"model config moe_a2a={self.moe_a2a!r} is not one of {', '.join(A2A_MODES)}")
         if self.router_jitter < 0 or self.router_bias_rate < 0:

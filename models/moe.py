@@ -61,11 +61,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from models.analytics import MOE_CHUNK_BYTES, row_chunks
 from models.config import A2A_MODES, MLPS, ROUTER_SCORES, ROUTERS
+from models.kernels.grouped import choose_impl, grouped_matmul
 from models.params import normal, param, zeros
-from models.precision import ragged_dot_f32
+from models.precision import Einsum, ragged_dot_f32
 from partitioning.mesh import TENSOR_AXIS
-from partitioning.shard import current
+from partitioning.shard import constrain, current, spec_for
 from workbench import compat
 from workbench.errors import WorkbenchError
 
@@ -282,19 +284,67 @@ def experts_dense(params: dict, x_ecd, mlp: str, dot) -> jax.Array:
     return y
 
 
+def experts_scan(params: dict, x_ecd, mlp: str, dot, gather=None) -> jax.Array:
+    """The padded-buffer expert FFN one expert at a time: a lax.scan over experts whose checkpointed step gathers
+    that expert's weights (fsdp: `gather(name, slice)` all-gathers the slice in the compute dtype) and runs up, gate,
+    activation and down on its (C, D) rows. Only one expert's (C, F) hidden and (D, F) weights are alive at once,
+    forward and backward (the backward recomputes the step); flops are those of `experts_dense`."""
+    names = [k for k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef") if k in params]
+    gather = gather or (lambda k, v: v)
+
+    def step(carry, inp):
+        x_cd, ws = inp
+        w = {k: gather(k, v) for k, v in ws.items()}
+        h = dot("cd,df->cf", x_cd, w["w_in_edf"])
+        if "b_in_ef" in w:
+            h = h + w["b_in_ef"][None, :].astype(h.dtype)
+        g = dot("cd,df->cf", x_cd, w["w_gate_edf"]) if mlp == "swiglu" else None
+        return carry, dot("cf,fd->cd", _act(mlp, h, g), w["w_out_efd"])
+
+    _, y_ecd = jax.lax.scan(jax.checkpoint(step), None, (x_ecd, {k: params[k] for k in names}))
+    return y_ecd
+
+
+def experts_ragged_chunked(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype, impl: str,
+                           chunks: int) -> jax.Array:
+    """`experts_ragged` over `chunks` equal slices of the sorted rows (a checkpointed lax.scan): each slice's group
+    sizes are the groups clipped to it, so the grouped matmul of a slice computes exactly its rows. The (R, F)
+    hidden of the whole layer never exists; one slice's does, forward and backward."""
+    if chunks <= 1:
+        return experts_ragged(params, x_rd, group_sizes, expert_r, mlp, compute_dtype, impl)
+    R, D = x_rd.shape
+    rc = R // chunks
+    ends = jnp.cumsum(group_sizes).astype(jnp.int32)
+    starts = ends - group_sizes.astype(jnp.int32)
+
+    def step(carry, inp):
+        x_c, lo, e_c = inp
+        gs_c = (jnp.clip(ends, lo, lo + rc) - jnp.clip(starts, lo, lo + rc)).astype(jnp.int32)
+        return carry, experts_ragged(params, x_c, gs_c, e_c, mlp, compute_dtype, impl)
+
+    los = jnp.arange(chunks, dtype=jnp.int32) * rc
+    _, y = jax.lax.scan(jax.checkpoint(step), None, (x_rd.reshape(chunks, rc, D), los, expert_r.reshape(chunks, rc)))
+    return y.reshape(R, -1)
+
+
 def ragged_dot(x_rd, w_edf, group_sizes, compute_dtype):
     """Grouped matmul with the policy's compute dtype and float32 accumulation, forward and backward (the policy has
     no ragged op; models.precision.ragged_dot_f32)."""
     return ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype).astype(compute_dtype)
 
 
-def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype) -> jax.Array:
-    """Expert FFN on rows sorted by expert (dropless): jax.lax.ragged_dot, group_sizes per expert."""
-    h = ragged_dot(x_rd, params["w_in_edf"], group_sizes, compute_dtype)
+def experts_ragged(params: dict, x_rd, group_sizes, expert_r, mlp: str, compute_dtype, impl: str = "ragged_dot"
+                   ) -> jax.Array:
+    """Expert FFN on rows sorted by expert (dropless): a grouped matmul (models.kernels.grouped: ragged_dot, the
+    megablox gmm on TPU, or the blocked fallback), group_sizes per expert."""
+    def gmm(x, w):
+        return grouped_matmul(x, w, group_sizes, compute_dtype, impl).astype(compute_dtype)
+
+    h = gmm(x_rd, params["w_in_edf"])
     if "b_in_ef" in params:
         h = h + params["b_in_ef"][expert_r].astype(h.dtype)
-    g = ragged_dot(x_rd, params["w_gate_edf"], group_sizes, compute_dtype) if mlp == "swiglu" else None
-    return ragged_dot(_act(mlp, h, g), params["w_out_efd"], group_sizes, compute_dtype)
+    g = gmm(x_rd, params["w_gate_edf"]) if mlp == "swiglu" else None
+    return gmm(_act(mlp, h, g), params["w_out_efd"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,6 +364,10 @@ class MoEOptions:
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.0
     skip_experts: bool = False  # cost attribution only: experts replaced by the identity (routing + permute remain)
+    # expert hidden activations above this many bytes per array are computed in chunks (experts_scan over experts
+    # for the padded buffer, experts_ragged_chunked over row slices for dropless): memory at pod scale
+    chunk_bytes: int = MOE_CHUNK_BYTES
+    gmm: str = "auto"  # dropless grouped matmul: auto | ragged_dot | gmm | blocked (models.kernels.grouped)
 
 
 def options_from_config(cfg) -> MoEOptions:
@@ -321,7 +375,18 @@ def options_from_config(cfg) -> MoEOptions:
         n_experts=cfg.n_experts, top_k=cfg.top_k, capacity_factor=cfg.capacity_factor,
         router=getattr(cfg, "router", "token-choice"), score=getattr(cfg, "router_score", "softmax"),
         mlp=getattr(cfg, "mlp", "gelu"), renormalize=getattr(cfg, "router_renormalize", None),
-        aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)))
+        aux_loss_coef=float(getattr(cfg, "aux_loss_coef", 0.0)), z_loss_coef=float(getattr(cfg, "z_loss_coef", 0.0)),
+        gmm=getattr(cfg, "moe_gmm", "auto") or "auto",
+        chunk_bytes=int(getattr(cfg, "moe_chunk_bytes", MOE_CHUNK_BYTES) or MOE_CHUNK_BYTES))
+
+
+def platform_of(mesh=None) -> str:
+    """The platform the program is compiled for: the concrete mesh's devices (TPU targets compiled from a CPU host),
+    else the partitioning context's mesh, else JAX's default device."""
+    for m in (mesh, (current() or (None,))[0]):
+        if isinstance(m, jax.sharding.Mesh):
+            return m.devices.flat[0].platform
+    return jax.devices()[0].platform
 
 
 def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
@@ -345,7 +410,7 @@ def route_group(logits_te, opt: MoEOptions, capacity: int | None, bias_e=None):
     return {"expert_tk": r.expert_tk, "weight_tk": r.weight_tk, "position_tk": position_tk, "keep_tk": keep_tk}, sums
 
 
-def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None):
+def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype, bias_e=None, platform=None):
     """MoE of one token group with all experts local. Returns (y_td float32, sums).
     Tokens are permuted in the policy's compute dtype (what the expert matmuls read anyway)."""
     T = x_td.shape[0]
@@ -359,7 +424,9 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
         if opt.skip_experts:
             y_rd = x_rd
         else:
-            y_rd = experts_ragged(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype)
+            impl = choose_impl(opt.gmm, platform or platform_of())
+            n = row_chunks(x_rd.shape[0], opt_ff(params), jnp.dtype(compute_dtype).itemsize, opt.chunk_bytes)
+            y_rd = experts_ragged_chunked(params, x_rd, group_sizes, expert_r, opt.mlp, compute_dtype, impl, n)
             y_rd = _add_out_bias(params, y_rd, expert_r)
         return unsort_combine(y_rd, order, route["weight_tk"]), sums
     C = expert_capacity(T, E, opt.top_k, opt.capacity_factor)
@@ -375,10 +442,27 @@ def moe_group(params: dict, x_td, logits_te, opt: MoEOptions, dot, compute_dtype
     return combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"]), sums
 
 
+def opt_ff(params) -> int:
+    """d_ff of the (local) experts, from the up projection's shape."""
+    return int(params["w_in_edf"].shape[-1])
+
+
+def _experts_padded(params, x_ecd, opt: MoEOptions, dot, gather=None):
+    """The (E, C, D) expert FFN: one einsum over all experts, or `experts_scan` when the (E, C, F) hidden would be
+    above opt.chunk_bytes (and the policy's dot is the plain einsum, which a scan may call)."""
+    E, C, _ = x_ecd.shape
+    big = E * C * opt_ff(params) * jnp.dtype(x_ecd.dtype).itemsize > opt.chunk_bytes
+    if big and isinstance(dot, Einsum):
+        return experts_scan(params, x_ecd, opt.mlp, dot, gather)
+    if gather is not None:
+        params = {k: gather(k, v, whole=True) for k, v in params.items()}
+    return experts_dense(params, x_ecd, opt.mlp, dot)
+
+
 def _experts_or_identity(params, x_ecd, opt: MoEOptions, dot):
     if opt.skip_experts:
         return x_ecd
-    return _add_out_bias_ecd(params, experts_dense(params, x_ecd, opt.mlp, dot))
+    return _add_out_bias_ecd(params, _experts_padded(params, x_ecd, opt, dot))
 
 
 def _add_out_bias(params, y_rd, expert_r):
@@ -399,7 +483,7 @@ def router_logits(x_td, w_router_de):
 
 
 def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: int = 1, bias_e=None,
-              jitter_td=None):
+              jitter_td=None, platform=None):
     """All experts on this device; tokens split into `groups` equal groups with their own capacity (GShard groups;
     the EP path routes one group per device, so `groups` = token shards reproduces it exactly)."""
     T, D = x_td.shape
@@ -408,12 +492,12 @@ def moe_local(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, groups: i
     xr = x_td if jitter_td is None else x_td * jitter_td
     logits_te = router_logits(xr, params["w_router_de"])
     if groups == 1:
-        return moe_group(params, x_td, logits_te, opt, dot, compute_dtype, bias_e)
+        return moe_group(params, x_td, logits_te, opt, dot, compute_dtype, bias_e, platform)
     x_gtd = x_td.reshape(groups, T // groups, D)
     l_gte = logits_te.reshape(groups, T // groups, -1)
     ys, sums = [], []
     for g in range(groups):  # a Python loop keeps `dot` (an nnx module) out of vmap; groups are few
-        y, s = moe_group(params, x_gtd[g], l_gte[g], opt, dot, compute_dtype, bias_e)
+        y, s = moe_group(params, x_gtd[g], l_gte[g], opt, dot, compute_dtype, bias_e, platform)
         ys.append(y)
         sums.append(s)
     total = jax.tree.map(lambda *a: sum(a), *sums)
@@ -456,11 +540,21 @@ def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
 
 
 def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None):
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None,
+               check_vma: bool | None = None):
     """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
 
     Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
-    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`."""
+    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`.
+
+    `weight_specs` (name -> PartitionSpec, from the strategy's rules: `weight_specs_for`): the parameters enter the
+    shard_map as the strategy stores them, and each device all-gathers, in the compute dtype, the dimensions sharded
+    over axes other than the expert and tensor axes (fsdp's `embed` over `data`); the gather's transpose is a
+    reduce-scatter, so the gradients leave sharded like the parameters (ZeRO-3), not as full per-device copies.
+    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary.
+
+    `check_vma` (jax.shard_map's varying-manual-axes check): None = on, except around the megablox kernel, whose
+    pallas_call declares its output without manual axes (JAX refuses it under the check)."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None:
         raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
@@ -493,14 +587,29 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         "w_out_efd": P(ex, tensor, None),
         "b_in_ef": P(ex, tensor), "b_out_ed": P(ex, None),
     }
+    if weight_specs is not None:
+        w_specs = {**w_specs, **weight_specs}
     p_specs = {k: w_specs[k] for k in params}
+    gathers = {k: _gather_dims(p_specs[k], (ex, tensor)) for k in params}
+    impl = choose_impl(opt.gmm, platform)
+
+    def gather_one(k, v, whole=True):
+        """FSDP: a parameter (whole, or one expert's slice) gathered over the non-expert, non-tensor axes it is
+        sharded on, in the dtype its consumer reads (router: float32; experts: the compute dtype)."""
+        v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
+        for dim, axes in gathers[k]:
+            v = jax.lax.all_gather(v, axes, axis=dim if whole else dim - 1, tiled=True)
+        return v
 
     def local(p, x_loc, bias, jit_loc):
+        lazy = {k: v for k, v in p.items() if k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef")}
+        p = {k: (v if k in lazy else gather_one(k, v)) for k, v in p.items()}
+        p_full = lambda: {**p, **{k: gather_one(k, v) for k, v in lazy.items()}}
         logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
         x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
         if mode != "padded":
             route, sums = route_group(logits, opt, None, bias)
-            y = _ragged_exchange(p, x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype)
+            y = _ragged_exchange(p_full(), x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype, impl)
             return y, jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
         route, sums = route_group(logits, opt, C, bias)
         if opt.router == "expert-choice":
@@ -513,7 +622,7 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
             y_recv = x_recv
         else:
             pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-            y_recv = experts_dense(pl, x_recv, opt.mlp, dot)
+            y_recv = _experts_padded(pl, x_recv, opt, dot, lambda k, v, whole=False: gather_one(k, v, whole))
             if tensor is not None:
                 y_recv = jax.lax.psum(y_recv, tensor)
             if "b_out_ed" in p:
@@ -529,12 +638,42 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
 
     bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
     sums_spec = {k: P() for k in STAT_KEYS}
+    if check_vma is None:
+        check_vma = not (impl == "gmm" and mode != "padded")
     if jitter_td is None:
         fn = compat.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
-                           out_specs=(tok_spec, sums_spec))
+                              out_specs=(tok_spec, sums_spec), check_vma=check_vma)
         return fn(params, x_td, bias)
-    fn = compat.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec))
+    fn = compat.shard_map(local, mesh=mesh, in_specs=(p_specs, tok_spec, P(), tok_spec), out_specs=(tok_spec, sums_spec),
+                          check_vma=check_vma)
     return fn(params, x_td, bias, jitter_td)
+
+
+def _gather_dims(spec, keep) -> list[tuple[int, tuple[str, ...]]]:
+    """(dimension, mesh axes) of a PartitionSpec sharded over axes outside `keep` (the expert and tensor axes)."""
+    out = []
+    for dim, names in enumerate(spec):
+        if names is None:
+            continue
+        names = names if isinstance(names, tuple) else (names,)
+        extra = tuple(a for a in names if a not in keep)
+        if extra:
+            if len(extra) != len(names):
+                raise WorkbenchError(f"parameter dimension {dim} is sharded over {names}: mixing the expert/tensor "
+                                     "axes with other axes in one dimension is not supported by the MoE layer")
+            out.append((dim, extra if len(extra) > 1 else extra[0]))
+    return out
+
+
+# logical axes of the block's parameters (models/params.param metadata; the strategies' rules shard them)
+PARAM_AXES = {"w_router_de": ("embed", None), "w_in_edf": ("experts", "embed", "mlp"),
+              "w_gate_edf": ("experts", "embed", "mlp"), "w_out_efd": ("experts", "mlp", "embed"),
+              "b_in_ef": ("experts", "mlp"), "b_out_ed": ("experts", "embed")}
+
+
+def weight_specs_for(params: dict, mesh, rules) -> dict:
+    """The PartitionSpec each MoE parameter has under a rule table (what the shard_map receives)."""
+    return {k: spec_for(PARAM_AXES[k], v.shape, mesh, rules, what=f"MoE parameter {k}") for k, v in params.items()}
 
 
 def _excl_cumsum(a, axis=-1):
@@ -568,19 +707,21 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
     return result
 
 
-def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor):
+def _local_experts(p, x_rows, group_sizes, expert_r, opt, compute_dtype, tensor, impl="ragged_dot"):
     """Rows grouped by (local) expert through the experts (dropless, ragged_dot); partial sums over the tensor axis
     reduced; the output bias added. With opt.skip_experts the rows pass through (flop attribution)."""
     if opt.skip_experts:
         return x_rows
     pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-    y = experts_ragged(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype)
+    n = row_chunks(x_rows.shape[0], opt_ff(pl), jnp.dtype(compute_dtype).itemsize, opt.chunk_bytes)
+    y = experts_ragged_chunked(pl, x_rows, group_sizes, expert_r, opt.mlp, compute_dtype, impl, n)
     if tensor is not None:
         y = jax.lax.psum(y, tensor)
     return _add_out_bias(p, y, expert_r)
 
 
-def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype):
+def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tensor, mode: str, compute_dtype,
+                     impl: str = "ragged_dot"):
     """Dropless EP with ragged all-to-all: send each expert exactly its rows, compute with ragged_dot, send back.
 
     Sender: assignments sorted by global expert; slice e (rows for expert e) goes to device e // E_loc.
@@ -597,7 +738,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_sorted = x_loc[token_r]  # (T_loc·K, D), rows sorted by global expert
     if ep == 1:  # all experts here: no exchange
         expert_r = route["expert_tk"].reshape(-1)[order]
-        y_sorted = _local_experts(p, x_sorted, group_sizes, expert_r, opt, compute_dtype, tensor)
+        y_sorted = _local_experts(p, x_sorted, group_sizes, expert_r, opt, compute_dtype, tensor, impl)
         return unsort_combine(y_sorted, order, route["weight_tk"])
     in_off = _excl_cumsum(group_sizes).astype(jnp.int32)  # (E,) slice e starts here
     # per source s and local expert l: how many rows arrive  (ep·E_loc,) indexed s·E_loc + l
@@ -613,7 +754,7 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     x_recv = rag(x_sorted, buf, in_off, group_sizes, out_off, recv_sizes, axis_name=axis)
     # local expert of each received row (rows past the last group are padding: computed as zeros, never sent back)
     expert_r = jnp.clip(jnp.searchsorted(jnp.cumsum(gs_local), jnp.arange(M), side="right"), 0, E_loc - 1)
-    y_recv = _local_experts(p, x_recv, gs_local, expert_r, opt, compute_dtype, tensor)
+    y_recv = _local_experts(p, x_recv, gs_local, expert_r, opt, compute_dtype, tensor, impl)
     # back: slice s·E_loc + l returns to source s, landing where that source's slice for expert (me·E_loc + l) began
     back_off = jax.lax.all_to_all(in_off, axis, 0, 0, tiled=True).astype(jnp.int32)
     y_sorted = rag(y_recv.astype(x_sorted.dtype), jnp.zeros_like(x_sorted), recv_off, recv_sizes, back_off,
@@ -659,14 +800,23 @@ class MoEBlock(nnx.Module):
         pd = policy.param_dtype
         # the same initialisation as the dense MLP in models/layers.py, so MoE and dense start alike
         std, out_std = 0.02, 0.02 / math.sqrt(2 * getattr(cfg, "n_layers", 1))
-        self.w_router_de = param(rngs, normal(std), (D, E), ("embed", None), pd)
-        self.w_in_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
+        ax = PARAM_AXES
+        self.w_router_de = param(rngs, normal(std), (D, E), ax["w_router_de"], pd)
+        self.w_in_edf = param(rngs, normal(std), (E, D, F), ax["w_in_edf"], pd)
         if self.opt.mlp == "swiglu":
-            self.w_gate_edf = param(rngs, normal(std), (E, D, F), ("experts", "embed", "mlp"), pd)
-        self.w_out_efd = param(rngs, normal(out_std), (E, F, D), ("experts", "mlp", "embed"), pd)
+            self.w_gate_edf = param(rngs, normal(std), (E, D, F), ax["w_gate_edf"], pd)
+        self.w_out_efd = param(rngs, normal(out_std), (E, F, D), ax["w_out_efd"], pd)
         if getattr(cfg, "bias", False):
-            self.b_in_ef = param(rngs, zeros, (E, F), ("experts", "mlp"), pd)
-            self.b_out_ed = param(rngs, zeros, (E, D), ("experts", "embed"), pd)
+            self.b_in_ef = param(rngs, zeros, (E, F), ax["b_in_ef"], pd)
+            self.b_out_ed = param(rngs, zeros, (E, D), ax["b_out_ed"], pd)
+        # shared experts (DeepSeekMoE): one dense SwiGLU/GELU MLP of n_shared·d_ff every token passes through
+        self.n_shared = int(getattr(cfg, "n_shared_experts", 0) or 0)
+        if self.n_shared:
+            fs = F * self.n_shared
+            self.w_sh_in_df = param(rngs, normal(std), (D, fs), ("embed", "mlp"), pd)
+            if self.opt.mlp == "swiglu":
+                self.w_sh_gate_df = param(rngs, normal(std), (D, fs), ("embed", "mlp"), pd)
+            self.w_sh_out_fd = param(rngs, normal(out_std), (fs, D), ("mlp", "embed"), pd)
         self.dot = policy.einsum_module(rngs=rngs)
         self.jitter = float(getattr(cfg, "router_jitter", 0.0) or 0.0)
         self.bias_rate = float(getattr(cfg, "router_bias_rate", 0.0) or 0.0)
@@ -726,13 +876,25 @@ class MoEBlock(nnx.Module):
                                            1.0 - self.jitter, 1.0 + self.jitter)
         ep = self._use_ep()
         if ep is not None:
+            ctx = _partitioning_context()
+            wspecs = weight_specs_for(params, ep[0], ctx[1]) if ctx is not None else None
             y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
-                                    tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td)
+                                    tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td, weight_specs=wspecs)
         else:
             y_td, sums = moe_local(params, x_td, self.opt, self.dot, self.compute_dtype, self.groups, bias_e,
-                                   jitter_td)
+                                   jitter_td, platform=platform_of(self.mesh))
         if self.bias_rate and not self.deterministic:
             load_e = sums["load_e"]
             self.expert_bias[...] = bias_e + self.bias_rate * jnp.sign(jnp.mean(load_e) - load_e)
         aux = finalize_stats(sums, self.opt.aux_loss_coef, self.opt.z_loss_coef)
-        return y_td.astype(self.compute_dtype).reshape(B, S, D), aux
+        y_btd = y_td.astype(self.compute_dtype).reshape(B, S, D)
+        if self.n_shared:
+            y_btd = y_btd + self.shared(x_btd).astype(self.compute_dtype)
+        return y_btd, aux
+
+    def shared(self, x_btd):
+        """The shared experts: a dense MLP on every token (sharded by the strategy like models.layers.MLP)."""
+        h = self.dot("btd,df->btf", x_btd, self.w_sh_in_df[...])
+        g = self.dot("btd,df->btf", x_btd, self.w_sh_gate_df[...]) if self.opt.mlp == "swiglu" else None
+        a = constrain(_act(self.opt.mlp, h, g), ("batch", "seq", "mlp"), "shared-expert hidden")
+        return self.dot("btf,fd->btd", a, self.w_sh_out_fd[...])

@@ -46,7 +46,15 @@ PRESETS: dict[str, tuple[dict, str]] = {
                    "Llama Team 2024, 'The Llama 3 Herd of Models', Table 3; meta-llama/Meta-Llama-3-70B config.json"),
     "mixtral-8x7b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
                           seq_len=32768, rope_theta=1e6, n_experts=8, top_k=2, **_LLAMA, **_SCAN),
-                     "Jiang et al. 2024, 'Mixtral of Experts', Table 1; mistralai/Mixtral-8x7B-v0.1 config.json"),
+                     "Jiang et al. 2024, 'Mixtral of Experts', Table 1; mistralai/Mixtral-8x7B-v0.1 config.json. "
+                     "Layers scanned (as MaxText does): a pod-scale compile takes the time of one layer, not 32"),
+    "deepseek-moe-16b": (dict(n_layers=28, d_model=2048, n_heads=16, n_kv_heads=16, head_dim=128, d_ff=1408,
+                              vocab_size=102400, seq_len=4096, n_experts=64, top_k=6, n_shared_experts=2,
+                              rope_theta=10000.0, scan_layers=True, **_LLAMA),
+                         "Dai et al. 2024, 'DeepSeekMoE: Towards Ultimate Expert Specialization in Mixture-of-Experts "
+                         "Language Models', Sec. 5 / Table 6 (DeepSeekMoE 16B: 28 layers, d 2048, 16 heads, 64 "
+                         "fine-grained experts of 1408 + 2 shared, top-6); deepseek-ai/deepseek-moe-16b-base "
+                         "config.json. Not modelled: its first layer is a dense MLP (d_ff 10944); here all 28 are MoE"),
 }
 
 

@@ -103,3 +103,25 @@ def test_layer_under_dp_routes_per_device_without_replicating_experts(capsys, re
     C = math.ceil(cf * (T // 8) * K / E)
     # each device runs its own (E, C) buffer: no device repeats another's expert rows
     assert out["expert_flops_efficiency"] == pytest.approx((T * K / 8) / (E * C), rel=0.1)
+
+
+@pytest.mark.compile_heavy
+def test_layer_dropless_on_data8_does_grouped_matmul_work_within_1_3x_of_useful(capsys, results_dir):
+    """Issue 19: `moe layer --mesh data=8` counts the grouped matmul's flops (the blocked form on XLA:CPU, trip counts
+    included) within 1.3x of the useful 2·T·k·D·F·3 / devices, dropless and with capacity 1.25."""
+    for extra in (["--dropless"], ["--capacity-factor", "1.25"]):
+        out = _run(capsys, "moe", "layer", "--tokens", "2048", "--seq", "16", "--d-model", "32", "--d-ff", "64",
+                   "--experts", "4", "--top-k", "2", "--mesh", "data=8", "--strategy", "dp", "--no-record", "--json",
+                   *extra)
+        assert 1.0 <= out["expert_flops_over_useful"] <= 1.3, (extra, out["expert_flops_over_useful"])
+    assert out["grouped_matmul"] == "dense (E, C) einsum"
+
+
+def test_gmm_command_on_cpu_picks_the_blocked_form(capsys, results_dir):
+    out = _run(capsys, "moe", "gmm", "--rows", "512", "--d-model", "32", "--d-ff", "64", "--experts", "4",
+               "--targets", "cpu", "--policy", "float32", "--json")
+    cpu = out["backends"]["cpu"]
+    assert cpu["forms"]["gmm"]["compiled"] is False
+    assert cpu["forms"]["blocked"]["flops_over_useful"] <= 1.3
+    assert cpu["forms"]["ragged_dot"]["flops_over_useful"] > 2  # XLA:CPU: dense over every expert
+    assert cpu["best"] == cpu["auto"] == "blocked"

@@ -122,6 +122,11 @@ def _params_by_hand(cfg) -> dict[str, tuple[tuple[int, ...], tuple]]:
             block["mlp/w_gate_edf"] = ((e, d, f), ("experts", "embed", "mlp"))
         if cfg.bias:
             block.update({"mlp/b_in_ef": ((e, f), ("experts", "mlp")), "mlp/b_out_ed": ((e, d), ("experts", "embed"))})
+        if cfg.n_shared_experts:  # shared experts: one dense MLP of n_shared·d_ff, sharded like the dense MLP
+            fs = cfg.n_shared_experts * f
+            block.update({"mlp/w_sh_in_df": ((d, fs), ("embed", "mlp")), "mlp/w_sh_out_fd": ((fs, d), ("mlp", "embed"))})
+            if cfg.mlp == "swiglu":
+                block["mlp/w_sh_gate_df"] = ((d, fs), ("embed", "mlp"))
     else:
         block.update({"mlp/w_df": ((d, f), ("embed", "mlp")), "mlp/w_fd": ((f, d), ("mlp", "embed"))})
         if cfg.mlp == "swiglu":

@@ -103,4 +103,42 @@ def register(app: typer.Typer) -> None:
             print(f"{name}: predicted {p['predicted_s']:.3g}s ({p['bound']}-bound; comm {p['comm_s']:.3g}s)")
         print(out["prediction_note"])
 
+    @moe_app.command("gmm")
+    def gmm(
+        rows: int = typer.Option(4096, "--rows", help="rows (token-expert assignments) sorted by expert"),
+        d_model: int = typer.Option(1024, "--d-model"),
+        d_ff: int = typer.Option(2048, "--d-ff"),
+        experts: int = typer.Option(8, "--experts"),
+        targets: str = typer.Option("cpu,tpu-v5p:2x2x1,tpu-v6e:2x2", "--targets",
+                                    help="cpu and/or TPU slices (one device of each is compiled for)"),
+        forward_only: bool = typer.Option(False, "--forward-only", help="compile the forward product only"),
+        policy: str = typer.Option("bf16", "--policy", help="precision policy of the operands"),
+        record: bool = typer.Option(True, "--record/--no-record", help="append a record to the results store"),
+        as_json: bool = typer.Option(False, "--json"),
+    ):
+        """Grouped matmul per backend: ragged_dot, megablox gmm (TPU), the blocked fallback; flops vs useful."""
+        from workbench.programs.moe import gmm_costs
+
+        for name, v in (("--rows", rows), ("--d-model", d_model), ("--d-ff", d_ff), ("--experts", experts)):
+            positive_int(name, v)
+        default_platform()
+        out = gmm_costs(rows=rows, d_model=d_model, d_ff=d_ff, experts=experts,
+                        targets=[t for t in targets.split(",") if t], backward=not forward_only, compute=policy)
+        if record:
+            spec = {k: out[k] for k in ("rows", "d_model", "d_ff", "experts", "backward", "compute_dtype")}
+            rec = Store().append(make_record("moe_gmm", spec, None, None, None, extra=out))
+            out["record_id"] = rec["id"] if isinstance(rec, dict) else None
+        if as_json:
+            emit_json(out)
+            return
+        table = []
+        for target, b in out["backends"].items():
+            for impl, f in b["forms"].items():
+                table.append({"backend": target, "form": impl, "compiled": f["compiled"],
+                              "flops/useful": f.get("flops_over_useful"), "bytes": f.get("bytes"),
+                              "temp_bytes": f.get("temp_bytes"), "best": impl == b["best"],
+                              "auto": impl == b["auto"], "why": f.get("why", "")})
+        print_table(table, title=f"grouped matmul, {rows} rows x {d_model} x {d_ff}, {experts} experts "
+                                 f"(useful {out['useful_flops']:.4g} flops)")
+
     app.add_typer(moe_app, name="moe")

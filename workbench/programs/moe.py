@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from models import moe
+from models.kernels import grouped
 from models.config import ModelConfig
 from models.precision import get_policy
+from partitioning import topology as topo
 from partitioning.mesh import make_mesh
 from partitioning.rules import get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
@@ -155,6 +157,7 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     comp = compile_program(fn, *abs_args, mesh=mesh, analytic=False)
     comp_route = compile_program(build(True)[1], *build(True)[2], mesh=mesh, analytic=False)
     cost, cost_r = comp.cost, comp_route.cost
+    f_total, f_route = cost.counted_flops, cost_r.counted_flops
     mult = 3 if backward else 1  # backward of a matmul: two matmuls of the same size
     useful = mult * 2.0 * tokens * top_k * d_model * d_ff * _expert_mats(mlp) / mesh.size
     if router == "expert-choice":  # every slot holds a real token: E·C rows per routing group
@@ -180,18 +183,24 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
         "capacity_factor": capacity_factor, "router": router, "score": score, "mlp": mlp,
         "mesh": dict(mesh.shape), "strategy": strategy, "expert_parallel_degree": ep,
         "program": "forward+backward" if backward else "forward", "n_devices": mesh.size,
-        "flops_total_per_device": cost.flops,
-        "flops_routing_dispatch_per_device": cost_r.flops,
-        "flops_experts_per_device": cost.flops - cost_r.flops,
+        "flops_total_per_device": f_total,
+        "flops_routing_dispatch_per_device": f_route,
+        "flops_experts_per_device": f_total - f_route,
         "flops_experts_useful_per_device": useful,
-        "expert_flops_efficiency": useful / (cost.flops - cost_r.flops) if cost.flops > cost_r.flops else None,
+        "expert_flops_efficiency": useful / (f_total - f_route) if f_total > f_route else None,
+        "expert_flops_over_useful": (f_total - f_route) / useful if useful else None,
+        "grouped_matmul": (grouped.choose_impl(cfg.moe_gmm, mesh.devices.flat[0].platform)
+                           if capacity_factor is None and router == "token-choice" else "dense (E, C) einsum"),
+        "flops_source": "CostReport.counted_flops (kernel sums x trip counts for programs with loops, else "
+                        "cost_analysis)",
         "all_to_all_bytes_per_device": a2a["bytes"], "all_to_all_count": a2a["count"],
         "collectives_per_device": cost.collectives_by_kind_and_axis(),
         "peak_memory_bytes_per_device": cost.peak_memory_bytes,
         "predictions": preds,
-        "prediction_note": ("costs compiled by XLA:CPU for simulated devices, priced on each chip; XLA:CPU lowers "
-                            "ragged_dot to a dense matmul over all experts, so dropless expert flops are E/k too high "
-                            "here (compile for a TPU topology with `workbench predict` for the TPU compiler's count)"),
+        "prediction_note": ("costs compiled by XLA:CPU for simulated devices, priced on each chip. Dropless layers "
+                            "use the grouped matmul models.kernels.grouped picks per backend (XLA:CPU lowers "
+                            "ragged_dot to a dense matmul over all experts, E/k too many flops: the blocked form "
+                            "is used here; `workbench moe gmm` compares them)"),
         **{k: aux[k] for k in ("dropped_fraction", "load_max_over_mean", "router_entropy", "lb_loss", "z_loss")},
         "compile_s": comp.compile_s,
     }
@@ -202,3 +211,58 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     return result, cost
 
 
+
+
+def gmm_costs(*, rows: int = 4096, d_model: int = 1024, d_ff: int = 2048, experts: int = 8,
+              targets=("cpu", "tpu-v5p:2x2x1", "tpu-v6e:2x2"), impls=("ragged_dot", "gmm", "blocked"),
+              backward: bool = True, compute: str = "bf16") -> dict:
+    """Compile each grouped-matmul form (models.kernels.grouped) for one device of each backend and compare its
+    compiled flops and bytes with the useful work 2·rows·d_model·d_ff (×3 with the backward pass).
+
+    Per form: counted flops and bytes (workbench.cost.report.CostReport.counted_*: kernel sums × trip counts for
+    programs with loops), temporaries (memory_analysis), flops / useful. `best` per backend: the form with the
+    fewest counted flops among those within 1.3x of the useful work (ties: fewer bytes); `auto` is what
+    models.kernels.grouped.GMM_BY_PLATFORM picks there.
+    """
+    cd = get_policy(compute).compute_dtype
+    useful = 2.0 * rows * d_model * d_ff * (3 if backward else 1)
+    out = {"rows": rows, "d_model": d_model, "d_ff": d_ff, "experts": experts, "backward": backward,
+           "compute_dtype": str(jnp.dtype(cd)), "useful_flops": useful, "backends": {}}
+    for target in targets:
+        if target == "cpu":
+            dev, platform = jax.devices("cpu")[0], "cpu"
+        else:
+            dev = topo.tpu_devices(target)[0]
+            platform = dev.platform
+        sh = SingleDeviceSharding(dev)
+        args = (jax.ShapeDtypeStruct((rows, d_model), cd, sharding=sh),
+                jax.ShapeDtypeStruct((experts, d_model, d_ff), jnp.float32, sharding=sh),
+                jax.ShapeDtypeStruct((experts,), jnp.int32, sharding=sh))
+        forms = {}
+        for impl in impls:
+            if impl == "gmm" and platform != "tpu":
+                forms[impl] = {"compiled": False, "why": "megablox gmm is a TPU (Mosaic) kernel"}
+                continue
+
+            def fwd(x, w, gs, impl=impl):
+                return grouped.grouped_matmul(x, w, gs, cd, impl)
+
+            def fwd_bwd(x, w, gs, impl=impl):
+                def loss(x, w):
+                    return jnp.sum(grouped.grouped_matmul(x, w, gs, cd, impl) ** 2)
+                return jax.grad(loss, argnums=(0, 1))(x, w)
+
+            try:
+                comp = compile_program(fwd_bwd if backward else fwd, *args, analytic=False)
+            except Exception as e:  # noqa: BLE001 - a form a backend cannot compile is an answer
+                forms[impl] = {"compiled": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                continue
+            c = comp.cost
+            forms[impl] = {"compiled": True, "flops": c.counted_flops, "bytes": c.counted_bytes,
+                           "temp_bytes": c.temp_bytes, "flops_over_useful": c.counted_flops / useful,
+                           "compile_s": comp.compile_s}
+        ok = {k: v for k, v in forms.items() if v.get("compiled") and v["flops_over_useful"] <= 1.3}
+        best = min(ok, key=lambda k: (ok[k]["flops"], ok[k]["bytes"])) if ok else None
+        out["backends"][target] = {"platform": platform, "forms": forms, "best": best,
+                                   "auto": grouped.choose_impl("auto", platform)}
+    return out

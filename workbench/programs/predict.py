@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from models import inference, pipeline
-from models.analytics import analytics
+from models.analytics import analytics, moe_layer_memory
 from models.config import REMATS
 from models.precision import get_policy
 from models.presets import get_config
@@ -421,6 +421,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         "model_flops_per_step": mflops, "analytic_floor_s": floor_s,
         "build_and_lower_s": lw.lower_s, "compile_s": compile_s,
     }
+    if lw.cfg.is_moe:  # the analytic MoE buffers, beside (or instead of, when it does not compile) memory_analysis
+        out["moe_memory"] = moe_memory_of(lw)
     if lw.lowered is None:  # the pre-check decided
         out.update(fits=False, memory_per_device_bytes=lw.state_bytes_per_device,
                    memory_source="parameters + optimizer state summed from shard shapes (a lower bound)",
@@ -517,6 +519,10 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
                          "(its roofline) is the critical path through the stages and already holds the (p - 1) "
                          "bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
         out["pipeline"] = bt
+    if out.get("moe_memory"):
+        out["moe_memory"] = {**out["moe_memory"], "compiled_temp_bytes": cost.temp_bytes,
+                             "share_of_compiled_temp": out["moe_memory"]["peak_bytes"] / cost.temp_bytes
+                             if cost.temp_bytes else None}
     out["explain"] = {
         "memory_per_device_bytes": "memory_analysis: arguments + outputs + temporaries − aliased (donated) bytes",
         "compute_s": f"flops per device {pred.flops:.4g} ({flop_counts.used_source}; see flop_counts) / "
@@ -535,6 +541,29 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
     }
     out["notes"] = notes + list(pred.notes)
     return TargetPrediction(out, cost, pred)
+
+
+def moe_memory_of(lw: Lowered) -> dict:
+    """The analytic MoE layer memory (models.analytics.moe_layer_memory) for this step's per-device token group."""
+    cfg, spec = lw.cfg, lw.spec
+    if not cfg.is_moe:
+        return {}
+    s = get_strategy(spec.strategy)
+    ways = s.batch_ways(lw.axes)
+    t = lw.seq if spec.mode != "decode" else 1
+    tokens = lw.batch // ways // max(spec.microbatches, 1) * t
+    ep = lw.axes.get("expert", 1) if s.needs_moe else 1
+    tensor = lw.axes.get("model", 1) if s.splits_tensors else 1
+    fsdp = lw.axes.get("data", 1) if "data" in s.rules.mesh_axes_for("embed") else 1
+    cb = int(jnp_itemsize(_policy_dtype(spec.policy)))
+    return moe_layer_memory(cfg, max(tokens, 1), compute_bytes=cb, ep=ep, tensor=tensor, fsdp=fsdp,
+                            backward=spec.mode == "train")
+
+
+def jnp_itemsize(dtype_name: str) -> int:
+    import numpy as np
+
+    return 2 if dtype_name in ("bfloat16", "float16") else (1 if "8" in dtype_name else np.dtype(dtype_name).itemsize)
 
 
 def _compiler_version(compiler: str) -> str | None:
