@@ -100,6 +100,13 @@ def test_pallas_matmul_compiles_for_tpu_v5e_and_states_its_cost():
     ca = ca[0] if isinstance(ca, (list, tuple)) else ca
     want = kernel_cost(256, 256, 256, Block(128, 128, 128), 2, 2, bias=True, activation="gelu")
     assert ca["flops"] == pytest.approx(want.flops)
+    # the HLO reader takes the same declared cost from the kernel's backend config: programs with loops are counted
+    # from the HLO kernels, so a Pallas kernel inside a scanned layer (megablox gmm in the MoE block) is not 0 flops
+    from workbench.cost.hlo import parse_kernels
+
+    kernels = parse_kernels(c.as_text())
+    assert sum(k.flops * k.count for k in kernels) == pytest.approx(want.flops, rel=0.01)
+    assert sum(k.transcendentals * k.count for k in kernels) == pytest.approx(want.transcendentals, rel=0.01)
 
 
 @pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()) if jax.default_backend() != "cpu" else True,

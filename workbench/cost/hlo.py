@@ -330,7 +330,27 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
         elif ins.opcode == "reduce" and ins.operands:
             src = shapes.get(ins.operands[0])
             flops += src.elements if src else 0
+        elif ins.opcode == "custom-call":
+            f, t = custom_call_cost(ins.attrs)
+            flops, trans = flops + f, trans + t
     return flops, trans, dot_flops, dot_size
+
+
+_COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
+
+
+def custom_call_cost(attrs: str) -> tuple[float, float]:
+    """(flops, transcendentals) a custom call declares: a Pallas TPU kernel (`tpu_custom_call`) carries its
+    `pl.CostEstimate` in the backend config (jax/_src/tpu_custom_call.py writes it as JSON: flops, transcendentals,
+    bytes_accessed), which is all the compiler knows of the kernel's work too (megablox's gmm sets one). Other custom
+    calls: (0, 0)."""
+    m = _COST_ESTIMATE.search(attrs)
+    if not m:
+        return 0.0, 0.0
+    def field(name):
+        f = re.search(name + r'\\*"?\s*:\s*([0-9.eE+]+)', m.group(1))
+        return float(f.group(1)) if f else 0.0
+    return field("flops"), field("transcendentals")
 
 
 def _window(attrs: str) -> dict[str, list]:
