@@ -171,3 +171,15 @@ def test_parse_dots_reads_operand_shapes_dimensions_and_loop_counts():
     (b,) = batched
     assert b.count == 1 and b.flops == 2 * 4 * m * n * k and b.out.dims == (4, m, n)
     assert len(b.lhs_batch) == len(b.rhs_batch) == 1 and b.lhs.dims[b.lhs_contracting[0]] == k
+
+
+def test_a_custom_calls_declared_cost_is_read_in_either_json_form():
+    """Pallas TPU kernels declare their work in the backend config; the optimized HLO prints the numbers quoted."""
+    from workbench.cost.hlo import custom_call_cost
+
+    quoted = 'custom_call_target="tpu_custom_call", backend_config={"cost_estimate":{"flops":"34144256",' \
+             '"transcendentals":"65536","bytes_accessed":"656384"}}'
+    assert custom_call_cost(quoted) == (34144256.0, 65536.0)
+    assert custom_call_cost('backend_config="{\\"cost_estimate\\": {\\"flops\\": 7e3, \\"transcendentals\\": 0}}"') \
+        == (7000.0, 0.0)
+    assert custom_call_cost('custom_call_target="Sharding"') == (0.0, 0.0)

@@ -342,13 +342,13 @@ _COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
 def custom_call_cost(attrs: str) -> tuple[float, float]:
     """(flops, transcendentals) a custom call declares: a Pallas TPU kernel (`tpu_custom_call`) carries its
     `pl.CostEstimate` in the backend config (jax/_src/tpu_custom_call.py writes it as JSON: flops, transcendentals,
-    bytes_accessed), which is all the compiler knows of the kernel's work too (megablox's gmm sets one). Other custom
+    bytes_accessed; the optimized HLO prints the numbers as strings), which is all the compiler knows of the kernel's work too (megablox's gmm sets one). Other custom
     calls: (0, 0)."""
     m = _COST_ESTIMATE.search(attrs)
     if not m:
         return 0.0, 0.0
     def field(name):
-        f = re.search(name + r'\\*"?\s*:\s*([0-9.eE+]+)', m.group(1))
+        f = re.search(name + r'\\*"?\s*:\s*\\*"?([0-9.eE+]+)', m.group(1))  # a number, or one in quotes
         return float(f.group(1)) if f else 0.0
     return field("flops"), field("transcendentals")
 
