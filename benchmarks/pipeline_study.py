@@ -2,6 +2,7 @@
 
     python -m benchmarks.pipeline_study                      # p in {2, 4}, v in {1, 2}, m in {4, 8, 16}
     python -m benchmarks.pipeline_study --p 4 --v 1 --m 4,8,16 --repeats 5
+    python -m benchmarks.pipeline_study --p 4 --v 1 --m 4,8,16 --microbatch-size 4   # microbatch fixed, batch = 4m
     python -m benchmarks.pipeline_study --quick              # a quick check that the script works
 
 What is compared, per (p, v, m), on p simulated CPU devices (docs/pipeline.md says what this does and does not show):
@@ -55,6 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--v", default="1,2", help="repeats (virtual stages per device; 1 = GPipe)")
     ap.add_argument("--m", default="4,8,16", help="microbatch counts")
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences), fixed across m")
+    ap.add_argument("--microbatch-size", type=int, default=None,
+                    help="hold the microbatch (sequences) fixed instead: global batch = this × m at each point, so "
+                         "per-microbatch efficiency does not move with m")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--set", dest="overrides", default="n_layers=8,d_model=256,n_heads=4,d_ff=1024",
                     help="model config overrides on the tiny preset")
@@ -66,7 +70,9 @@ def main(argv=None) -> int:
         a.p, a.v, a.m, a.overrides, a.repeats = "2", "1", "2,4", "n_layers=4,d_model=64,d_ff=256", 2
     ps, vs, ms = _ints(a.p), _ints(a.v), _ints(a.m)
     request_devices(max(ps))
-    rows = run(ps, vs, ms, a.batch, a.seq, a.overrides, a.repeats)
+    if a.microbatch_size is not None and a.microbatch_size < 1:
+        ap.error(f"--microbatch-size must be >= 1, got {a.microbatch_size}")
+    rows = run(ps, vs, ms, a.batch, a.seq, a.overrides, a.repeats, a.microbatch_size)
     report(rows, a.out)
     return 0
 
@@ -117,7 +123,7 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
     return (fp, args_p), (fu, args_u)
 
 
-def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
+def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> list[dict]:
 
 
     cfg = get_config("tiny", overrides).replace(scan_layers=True, seq_len=max(seq, 64), remat="none")
@@ -131,6 +137,7 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
         mesh = make_mesh(f"stage={p}", devices=jax.devices()[:p])
         for v in vs:
             for m in ms:
+                batch = microbatch_size * m if microbatch_size else batch
                 pipe = pp.PipelineSpec(p, m, v)
                 try:
                     pipe.check(cfg.n_layers, batch)
@@ -161,7 +168,7 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
                 held = acts + weights
                 permutes = [c for c in cp.cost.collectives if c.kind == "collective-permute"]
                 row = {
-                    "stages": p, "repeats": v, "microbatches": m, "schedule": pipe.schedule, "ticks": pipe.ticks,
+                    "stages": p, "repeats": v, "microbatches": m, "batch": batch, "schedule": pipe.schedule, "ticks": pipe.ticks,
                     "bubble_analytic": pipe.bubble_fraction,
                     "pipelined_s": mp.median_s, "reference_s": mu.median_s,
                     "pipelined_iqr_s": mp.iqr_s, "reference_iqr_s": mu.iqr_s,
@@ -186,7 +193,7 @@ def run(ps, vs, ms, batch, seq, overrides, repeats) -> list[dict]:
 
 def report(rows: list[dict], out: str) -> None:
 
-    cols = ["stages", "repeats", "microbatches", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
+    cols = ["stages", "repeats", "microbatches", "batch", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
             "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_held_bytes",
             "temp_over_predicted"]
     print_table([{k: r[k] for k in cols} for r in rows], title="pipeline bubble: analytic, compiled, measured")
