@@ -18,8 +18,8 @@ the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is c
 microbatches (every tick's saved activations until the backward: ticks × L/(p·v) layers × one microbatch's per-layer
 activations, models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice
 saved at every tick).
-Timing: workbench.measure.harness.measure, in the order P U U P (median over both halves of each). Records of kind 'pipeline' go to the results store;
-the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
+Timing: workbench.measure.harness.measure, in the order P U U P (median over both halves of each). Records of kind
+'pipeline' go to the results store; the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
 """
 from __future__ import annotations
 

@@ -342,8 +342,8 @@ _COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
 def custom_call_cost(attrs: str) -> tuple[float, float]:
     """(flops, transcendentals) a custom call declares: a Pallas TPU kernel (`tpu_custom_call`) carries its
     `pl.CostEstimate` in the backend config (jax/_src/tpu_custom_call.py writes it as JSON: flops, transcendentals,
-    bytes_accessed; the optimized HLO prints the numbers as strings), which is all the compiler knows of the kernel's work too (megablox's gmm sets one). Other custom
-    calls: (0, 0)."""
+    bytes_accessed; the optimized HLO prints the numbers as strings), which is all the compiler knows of the
+    kernel's work too (megablox's gmm sets one). Other custom calls: (0, 0)."""
     m = _COST_ESTIMATE.search(attrs)
     if not m:
         return 0.0, 0.0

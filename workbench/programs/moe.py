@@ -16,8 +16,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from models import moe
-from models.kernels import grouped
 from models.config import ModelConfig
+from models.kernels import grouped
 from models.precision import get_policy
 from partitioning import topology as topo
 from partitioning.mesh import make_mesh
