@@ -4,8 +4,8 @@ Candidates = strategies × mesh factorizations × rematerialization (none / per-
 the per-shard batch divides; pipelined strategies: stage counts 2..8 that divide the chips and n_layers, and p, 2p,
 4p pipeline microbatches for p stages, the fewest being their "plain" program). Remat and microbatching only save
 memory, so by default they are compiled only for the strategy × mesh pairs whose plain program does not fit
-(`exhaustive=True` compiles every candidate). Every candidate goes through the same path as `workbench predict` (workbench.programs.predict): lowered for the target's devices in this
-thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
+(`exhaustive=True` compiles every candidate). Every candidate goes through the same path as `workbench predict`
+(workbench.programs.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
 workbench.roofline.prediction. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
 say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
 rest are ranked by predicted step time.
