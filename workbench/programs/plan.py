@@ -5,18 +5,18 @@ the per-shard batch divides; pipelined strategies: stage counts 2..8 that divide
 4p pipeline microbatches for p stages, the fewest being their "plain" program). Remat and microbatching only save
 memory, so by default they are compiled only for the strategy × mesh pairs whose plain program does not fit
 (`exhaustive=True` compiles every candidate). Every candidate goes through the same path as `workbench predict`
-(workbench.programs.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a thread pool (the XLA compilers release the GIL), then predicted with
-workbench.roofline.prediction. Candidates whose rules cannot shard the model (a head count not divisible by the model axis,
-say) are listed as invalid with the reason; those that do not fit are dropped and kept for the overshoot report; the
-rest are ranked by predicted step time.
+(workbench.programs.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a
+thread pool (the XLA compilers release the GIL), then predicted with workbench.roofline.prediction. Candidates whose
+rules cannot shard the model (a head count not divisible by the model axis, say) are listed as invalid with the
+reason; those that do not fit are dropped and kept for the overshoot report; the rest are ranked by predicted step
+time.
 
 Caching. GPU targets compiled for simulated CPU devices use JAX's persistent compilation cache
-(workbench.hardware.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables compiled for
-libtpu's compile-only devices (deserialising needs a TPU client: "PjRtCompiler must be constructed with a Client"),
-so TPU candidates use an outcome cache instead: the candidate's record (costs, prediction, fit) is stored under
-.cache/plan/ keyed by a hash of the lowered StableHLO text, the target, and the jax/jaxlib/libtpu versions — a
-changed model, strategy or library misses the cache. `--no-cache` ignores it.
-"""
+(workbench.hardware.devices.enable_compilation_cache). JAX 0.10's persistent cache cannot read back executables
+compiled for libtpu's compile-only devices (deserialising needs a TPU client: "PjRtCompiler must be constructed with
+a Client"), so TPU candidates use an outcome cache instead: the candidate's record (costs, prediction, fit) is stored
+under .cache/plan/ keyed by a hash of the lowered StableHLO text, the target, and the jax/jaxlib/libtpu versions — a
+changed model, strategy or library misses the cache. `--no-cache` ignores it."""
 from __future__ import annotations
 
 import concurrent.futures as cf
