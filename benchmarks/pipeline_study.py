@@ -41,7 +41,7 @@ from workbench import compat
 from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
 from workbench.measure.harness import measure, summarize
-from workbench.results.console import print_table, progress
+from workbench.results.console import print_table, say
 from workbench.results.figures import markdown_table, pipeline_bubble_chart
 from workbench.results.store import Store, make_record
 
@@ -142,15 +142,15 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                 try:
                     pipe.check(cfg.n_layers, batch)
                 except Exception as e:  # noqa: BLE001 - a grid point the schedule refuses: say so, go on
-                    progress(f"skip p={p} v={v} m={m}: {e}")
+                    say(f"skip p={p} v={v} m={m}: {e}")
                     continue
                 if m % p:
-                    progress(f"skip p={p} v={v} m={m}: the bubble-free reference splits m over p devices")
+                    say(f"skip p={p} v={v} m={m}: the bubble-free reference splits m over p devices")
                     continue
                 (fp, args_p), (fu, args_u) = _programs(cfg, pipe, mesh, batch, seq)
                 cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
                 cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
-                progress(f"p={p} v={v} m={m}: timing pipelined and reference")
+                say(f"p={p} v={v} m={m}: timing pipelined and reference")
                 # P U U P: a load that drifts while one program is timed weighs on both
                 mp1 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
                 mu1 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
@@ -186,7 +186,7 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                 store.append(make_record("pipeline", {"stages": p, "repeats": v, "microbatches": m, "batch": batch,
                                                       "seq": seq, "overrides": overrides}, cp.cost, None, mp,
                                          extra=row))
-                progress(f"  bubble analytic {row['bubble_analytic']:.3f} measured {row['bubble_measured']:.3f} "
+                say(f"  bubble analytic {row['bubble_analytic']:.3f} measured {row['bubble_measured']:.3f} "
                          f"flops {row['bubble_flops']:.3f}")
     return rows
 

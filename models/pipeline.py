@@ -30,6 +30,7 @@ For gpipe that order is the model's own; for circular it is a fixed permutation 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -103,21 +104,21 @@ def stage_order(n_layers: int, stages: int, repeats: int = 1) -> np.ndarray:
     return np.array([(r * stages + s) * lc + k for s in range(stages) for r in range(repeats) for k in range(lc)])
 
 
-def to_stage_order(tree, pipe: PipelineSpec, n_layers: int):
-    """Permute the leading (layer) axis of every leaf of a stacked-blocks tree into stage order."""
-    perm = stage_order(n_layers, pipe.stages, pipe.repeats)
-    if (perm == np.arange(n_layers)).all():
+def _permute_layers(tree, perm: np.ndarray):
+    """Every leaf's leading (layer) axis reordered by perm; the tree itself when perm is the identity."""
+    if (perm == np.arange(perm.size)).all():
         return tree
     return jax.tree.map(lambda a: a[perm], tree)
 
 
+def to_stage_order(tree, pipe: PipelineSpec, n_layers: int):
+    """Permute the leading (layer) axis of every leaf of a stacked-blocks tree into stage order."""
+    return _permute_layers(tree, stage_order(n_layers, pipe.stages, pipe.repeats))
+
+
 def from_stage_order(tree, pipe: PipelineSpec, n_layers: int):
     """The inverse of to_stage_order: back to the model's layer order."""
-    perm = stage_order(n_layers, pipe.stages, pipe.repeats)
-    if (perm == np.arange(n_layers)).all():
-        return tree
-    inv = np.argsort(perm)
-    return jax.tree.map(lambda a: a[inv], tree)
+    return _permute_layers(tree, np.argsort(stage_order(n_layers, pipe.stages, pipe.repeats)))
 
 
 def _spmd_stages(mesh) -> int:
@@ -182,10 +183,9 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
 
         vary = lambda a: jax.lax.pcast(a, STAGE_AXIS, to="varying")
         carry = (vary(jnp.zeros(x_mb.shape[1:], cd)), vary(jnp.zeros(x_mb.shape, cd)))
-        if rules is not None:  # the block's own activation constraints, on the mesh as seen inside shard_map
-            with activation_sharding(compat.get_abstract_mesh(), rules):
-                (_, outs), _ = jax.lax.scan(tick, carry, jnp.arange(pipe.ticks))
-        else:
+        # the block's own activation constraints, on the mesh as seen inside shard_map
+        with (activation_sharding(compat.get_abstract_mesh(), rules) if rules is not None
+              else contextlib.nullcontext()):
             (_, outs), _ = jax.lax.scan(tick, carry, jnp.arange(pipe.ticks))
         return outs[None]
 

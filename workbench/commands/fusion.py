@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 from typing import List, Optional
 
 import typer
 
 from workbench.errors import WorkbenchError, positive_int
 from workbench.hardware.devices import request_devices
-from workbench.results.console import emit_json, print_table
+from workbench.results.console import emit_json, print_table, say
 from workbench.results.figures import fusion_chart
 
 
@@ -101,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _say(msg: str) -> None:
-    print(f"fusion: {msg}", file=sys.stderr, flush=True)
+    say(f"fusion: {msg}")
 
 
 def _console(out: dict, print_table) -> None:
