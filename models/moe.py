@@ -762,15 +762,6 @@ def _ragged_exchange(p, x_loc, route, opt: MoEOptions, ep: int, axis: str, tenso
     return unsort_combine(y_sorted, order, route["weight_tk"])
 
 
-def _partitioning_context():
-    """(mesh, rules) from partitioning.shard.activation_sharding, or None (also when partitioning/ is absent)."""
-    try:
-        pass
-    except ModuleNotFoundError:
-        return None
-    return current()
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the Flax NNX block
 # ---------------------------------------------------------------------------------------------------------------
@@ -842,7 +833,7 @@ class MoEBlock(nnx.Module):
         """
         if self.expert_parallel is False:
             return None
-        ctx = _partitioning_context()
+        ctx = current()
         mesh, tensor = self.mesh, None
         if ctx is not None:
             mesh = mesh if mesh is not None else ctx[0]
@@ -876,7 +867,7 @@ class MoEBlock(nnx.Module):
                                            1.0 - self.jitter, 1.0 + self.jitter)
         ep = self._use_ep()
         if ep is not None:
-            ctx = _partitioning_context()
+            ctx = current()
             wspecs = weight_specs_for(params, ep[0], ctx[1]) if ctx is not None else None
             y_td, sums = ep_forward(params, x_td, self.opt, self.dot, self.compute_dtype, mesh=ep[0], bias_e=bias_e,
                                     tensor_axis=ep[1], a2a=self.a2a, jitter_td=jitter_td, weight_specs=wspecs)
