@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from models.config import ModelConfig
+from models.config import GMM_BY_PLATFORM, ModelConfig
 from workbench.errors import WorkbenchError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -173,6 +173,20 @@ def collective_bytes_per_step(cfg: ModelConfig, strategy: str, mesh_shape: dict,
     return out
 
 
+MOE_FUSED_PLATFORMS = ("tpu",)  # compilers whose MoE layer holds the `fused` buffer set (moe_layer_memory)
+
+
+def moe_memory_fused(cfg: ModelConfig, platform: str) -> bool:
+    """Which buffer set moe_layer_memory counts for a program compiled for `platform` (cpu | gpu | tpu).
+
+    libtpu fuses elementwise work into XLA's own matmuls: the capacity path (einsums over the (E, C, D) buffer) is
+    `fused`. A Pallas kernel is opaque to fusion, so the dropless layer on TPU (megablox gmm, float32 results) keeps
+    every array around it: counted as written. XLA:CPU (and the simulated-CPU GPU targets) materialise everything."""
+    if platform not in MOE_FUSED_PLATFORMS:
+        return False
+    impl = GMM_BY_PLATFORM.get(platform, "ragged_dot") if cfg.moe_gmm == "auto" else cfg.moe_gmm
+    return not (cfg.capacity_factor is None and impl == "gmm")
+
 MOE_CHUNK_BYTES = 2 ** 28  # models/moe.py: expert hidden arrays above this are computed in pieces
 
 
@@ -186,7 +200,7 @@ def row_chunks(rows: int, width: int, itemsize: int, budget: int) -> int:
 
 def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_device: int = 1, compute_bytes: int = 2,
                      ep: int = 1, tensor: int = 1, fsdp: int = 1, backward: bool = True,
-                     chunk_bytes: int = MOE_CHUNK_BYTES) -> dict:
+                     chunk_bytes: int = MOE_CHUNK_BYTES, fused: bool = False) -> dict:
     """Per-device bytes of the buffers one MoE layer builds (models/moe.py), by kind: what "does it fit" is made of.
 
     Routing is per token group (one group per device under every multi-device strategy): S = tokens_per_device /
@@ -206,8 +220,14 @@ def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_dev
                          per matrix; one expert's when the padded path runs expert by expert)
     peak_bytes: forward, the router state + dispatch + activations + outputs (+ gathered weights) of one layer alive
     at once; backward=True adds the activation gradients (one more set of expert activations and outputs), what the
-    rematerialised backward of one layer holds. Counts of the program as written; XLA fuses and reuses buffers,
-    so the compiled program's temporaries are compared with this in tests (within 25 %).
+    rematerialised backward of one layer holds.
+
+    fused=False counts the program as written, every array materialised (what XLA:CPU holds). fused=True is what a
+    compiler that fuses elementwise work into the neighbouring matmul and reduction holds (libtpu; MOE_FUSED_PLATFORMS):
+    the gate·up product (SwiGLU; GELU's activation) is never written, it is computed inside the down projection's
+    operand load, so 2 hidden arrays per set instead of 3 (GELU: 1 instead of 2); and the combine's float32 convert is
+    fused into the weighted sum, so the gathered (S·k, D) rows stay in the compute dtype. Read from libtpu's buffer
+    report for small-moe (docs/moe.md: the memory model). Tests compare both with memory_analysis (within 25 %).
     """
     if not cfg.is_moe:
         return {}
@@ -236,8 +256,9 @@ def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_dev
             chunks, live_rows, w_experts = e_loc, rows // e_loc, 1
     router = G * (2 * 4 * S * E + (0 if dropless else 2 * 4 * k * S * E) + 2 * 4 * S * k)
     dispatch = G * (rows * D * cb + (0 if dropless else S * k * D * cb))
-    acts = G * live_rows * f_loc * cb * mats
-    outs = G * (rows * D * cb + S * k * D * 4)
+    held = mats - 1 if fused else mats  # fused: the gated product lives only inside the down projection
+    acts = G * live_rows * f_loc * cb * held
+    outs = G * (rows * D * cb + S * k * D * (cb if fused else 4))
     weights = w_experts * D * f_loc * mats * cb if fsdp > 1 else 0
     peak = router + dispatch + acts + outs + weights + ((acts + outs) if backward else 0)
     return {
@@ -246,5 +267,8 @@ def moe_layer_memory(cfg: ModelConfig, tokens_per_device: int, *, groups_per_dev
         "router_state_bytes": float(router), "dispatch_buffer_bytes": float(dispatch),
         "expert_activation_bytes": float(acts), "expert_output_bytes": float(outs),
         "gathered_weight_bytes": float(weights), "peak_bytes": float(peak),
-        "convention": "models.analytics.moe_layer_memory: one MoE layer's buffers per device (docstring)",
+        "fused": fused,
+        "convention": "models.analytics.moe_layer_memory: one MoE layer's buffers per device (docstring); "
+                      + ("fused: elementwise work inside the matmuls (libtpu)" if fused
+                         else "every array materialised (XLA:CPU)"),
     }

@@ -19,6 +19,9 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 REMATS = ("none", "per-layer", "dots", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
 GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul (models/kernels/grouped.py)
+# moe_gmm=auto per platform, measured with `workbench moe gmm` (docs/moe.md): the form whose compiled flops are
+# closest to the useful work
+GMM_BY_PLATFORM = {"tpu": "gmm", "cpu": "blocked", "gpu": "blocked"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,12 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox_ops
 
-from models.config import GMM_IMPLS
+from models.config import GMM_BY_PLATFORM, GMM_IMPLS
 from models.precision import einsum_f32, ragged_dot_f32
 from workbench.errors import WorkbenchError
 
-# measured with `workbench moe gmm` (docs/moe.md): the form whose compiled flops are closest to the useful work
-GMM_BY_PLATFORM = {"tpu": "gmm", "cpu": "blocked", "gpu": "blocked"}
 F32 = jnp.float32
 
 

@@ -5,9 +5,9 @@ from typing import Optional
 
 import typer
 
-from models.analytics import analytics, moe_layer_memory
+from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.presets import get_config, source
-from workbench.errors import positive_int
+from workbench.errors import WorkbenchError, positive_int
 from workbench.results.console import emit_json, fmt, print_table
 
 
@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
         fsdp: int = typer.Option(1, "--fsdp", help="MoE memory model: ways the expert weights are fsdp-sharded"),
         ep: int = typer.Option(1, "--ep", help="MoE memory model: expert-parallel degree"),
         tensor: int = typer.Option(1, "--tensor", help="MoE memory model: tensor-parallel ways splitting d_ff"),
+        platform: str = typer.Option("cpu", "--platform", help="MoE memory model: the compiler's platform, cpu | gpu | "
+                                                               "tpu (tpu: libtpu's fused buffer set, docs/moe.md)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Parameters, FLOPs per token, KV-cache bytes and training-memory estimates of a model config."""
@@ -37,7 +39,10 @@ def register(app: typer.Typer) -> None:
             for name, v in (("--fsdp", fsdp), ("--ep", ep), ("--tensor", tensor)):
                 positive_int(name, v)
             t = positive_int("--tokens-per-device", tokens_per_device) if tokens_per_device else (seq or cfg.seq_len)
-            out["moe_memory"] = moe_layer_memory(cfg, t, compute_bytes=2, ep=ep, tensor=tensor, fsdp=fsdp)
+            if platform not in ("cpu", "gpu", "tpu"):
+                raise WorkbenchError(f"--platform {platform!r} is not one of cpu, gpu, tpu")
+            out["moe_memory"] = moe_layer_memory(cfg, t, compute_bytes=2, ep=ep, tensor=tensor, fsdp=fsdp,
+                                                 fused=moe_memory_fused(cfg, platform))
         if json_out:
             emit_json(out)
             return

@@ -222,7 +222,7 @@ def gmm_costs(*, rows: int = 4096, d_model: int = 1024, d_ff: int = 2048, expert
     Per form: counted flops and bytes (workbench.cost.report.CostReport.counted_*: kernel sums × trip counts for
     programs with loops), temporaries (memory_analysis), flops / useful. `best` per backend: the form with the
     fewest counted flops among those within 1.3x of the useful work (ties: fewer bytes); `auto` is what
-    models.kernels.grouped.GMM_BY_PLATFORM picks there.
+    models.config.GMM_BY_PLATFORM picks there.
     """
     cd = get_policy(compute).compute_dtype
     useful = 2.0 * rows * d_model * d_ff * (3 if backward else 1)

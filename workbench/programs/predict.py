@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from models import inference, pipeline
-from models.analytics import analytics, moe_layer_memory
+from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.config import REMATS
 from models.precision import get_policy
 from models.presets import get_config
@@ -556,8 +556,9 @@ def moe_memory_of(lw: Lowered) -> dict:
     tensor = lw.axes.get("model", 1) if s.splits_tensors else 1
     fsdp = lw.axes.get("data", 1) if "data" in s.rules.mesh_axes_for("embed") else 1
     cb = int(jnp_itemsize(_policy_dtype(spec.policy)))
+    platform = {"libtpu": "tpu", "xla-gpu": "gpu"}.get(lw.compiler, "cpu")
     return moe_layer_memory(cfg, max(tokens, 1), compute_bytes=cb, ep=ep, tensor=tensor, fsdp=fsdp,
-                            backward=spec.mode == "train")
+                            backward=spec.mode == "train", fused=moe_memory_fused(cfg, platform))
 
 
 def jnp_itemsize(dtype_name: str) -> int:
