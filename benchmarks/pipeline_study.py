@@ -10,20 +10,25 @@ What is compared, per (p, v, m), on p simulated CPU devices (docs/pipeline.md sa
      stages), forward and backward (gradients of every stage's parameters and of the input), global batch fixed.
   U  the same layers, the same parameters per device, the same microbatch shape, with no bubble: each of the p
      devices runs all L layers on m/p of the microbatches (a scan), forward and backward.
-Both do the same useful work (L layers × the global batch). Simulated devices share the host's cores, so a step's
+  S  P's own program cut to its steady state: the same tick function, the same shapes, v·m ticks instead of
+     v·m + p − 1 (no fill and drain; the last p − 1 microbatches do not finish, the work per tick is unchanged).
+P and U do the same useful work (L layers × the global batch). Simulated devices share the host's cores, so a step's
 wall time is the work of all devices, and every stage of P computes every tick: P/U measures the ticks computed over
-the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is compared with the analytic
-(p − 1)/(v·m + p − 1). `bubble_flops` = 1 − flops(U)/flops(P) from the compiled programs' per-device kernel sums
-(workbench.cost), and memory: the temporaries memory_analysis reports for P against what it holds for its in-flight
-microbatches (every tick's saved activations until the backward: ticks × L/(p·v) layers × one microbatch's per-layer
-activations, models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice
-saved at every tick).
-Timing: workbench.measure.harness.measure, in the order P U U P (median over both halves of each). Records of kind
+the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is compared with the analytic (p − 1)/(v·m + p
+− 1). `bubble_flops` = 1 − flops(U)/flops(P) from the compiled programs' per-device kernel sums (workbench.cost).
+`bubble_measured_ticks` = 1 − S/P: the share of P's time spent in its fill and drain ticks, the bubble as wall time,
+with the per-tick costs a pipeline pays (permute, microbatch slicing) in both. And memory: the temporaries
+memory_analysis reports for P against what it holds for its in-flight microbatches (every tick's saved activations
+until the backward: ticks × L/(p·v) layers × one microbatch's per-layer activations,
+models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice saved at every
+tick).
+Timing: workbench.measure.harness.measure, in the order P U S S U P (median over both halves of each). Records of kind
 'pipeline' go to the results store; the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 import jax
@@ -77,10 +82,17 @@ def main(argv=None) -> int:
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _SteadyState(pp.PipelineSpec):
+    """The same schedule run for its v·m steady-state ticks only (the S program: timing, not numerics)."""
+
+    @property
+    def ticks(self) -> int:
+        return self.repeats * self.microbatches
+
+
 def _programs(cfg, pipe, mesh, batch: int, seq: int):
-    """(P, U) jitted forward+backward functions, their concrete arguments."""
-
-
+    """(P, U, S) jitted forward+backward functions, their concrete arguments."""
     model = Transformer(cfg, "float32", nnx.Rngs(0))
     gd, stacked = nnx.split(model.blocks)
     call = model.block_call()
@@ -91,13 +103,15 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
     pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (mb, seq))
     rd = jnp.float32
 
-    def loss_p(params, x):
-        y = pp.run_layers(layer_fn, params, x, pos, pipe, mesh, rd)
+    def loss_p(params, x, spec=pipe):
+        y = pp.run_layers(layer_fn, params, x, pos, spec, mesh, rd)
         return jnp.mean(jnp.square(y))
 
     stage_sh = jax.tree.map(lambda _: NamedSharding(mesh, P("stage")), stacked)
     rep = NamedSharding(mesh, P())
     fp = jax.jit(jax.value_and_grad(loss_p, argnums=(0, 1)), in_shardings=(stage_sh, rep))
+    steady = _SteadyState(pipe.stages, pipe.microbatches, pipe.repeats)
+    fs = jax.jit(jax.value_and_grad(lambda w, x: loss_p(w, x, steady), argnums=(0, 1)), in_shardings=(stage_sh, rep))
     args_p = (jax.device_put(stacked, stage_sh), jax.device_put(x, rep))
 
     def body(params, x_mb):  # one device: all layers over its m/p microbatches, in sequence
@@ -120,7 +134,7 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
     x_sh = NamedSharding(mesh, P("stage"))
     fu = jax.jit(jax.value_and_grad(loss_u, argnums=(0, 1)), in_shardings=(stage_sh, x_sh))
     args_u = (jax.device_put(copies, stage_sh), jax.device_put(x, x_sh))
-    return (fp, args_p), (fu, args_u)
+    return (fp, args_p), (fu, args_u), (fs, args_p)
 
 
 def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> list[dict]:
@@ -147,19 +161,21 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                 if m % p:
                     say(f"skip p={p} v={v} m={m}: the bubble-free reference splits m over p devices")
                     continue
-                (fp, args_p), (fu, args_u) = _programs(cfg, pipe, mesh, batch, seq)
+                (fp, args_p), (fu, args_u), (fs, args_s) = _programs(cfg, pipe, mesh, batch, seq)
                 cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
                 cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
-                say(f"p={p} v={v} m={m}: timing pipelined and reference")
-                # P U U P: a load that drifts while one program is timed weighs on both
+                cs = compile_program(fs, *args_s, mesh=mesh, n_devices=p, analytic=False)
+                say(f"p={p} v={v} m={m}: timing pipelined, reference and steady state")
+                # P U S S U P: a load that drifts while one program is timed weighs on all three
                 mp1 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
                 mu1 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
+                ms1 = measure(cs.compiled, *args_s, warmup=1, repeats=repeats)
+                ms2 = measure(cs.compiled, *args_s, warmup=1, repeats=repeats)
                 mu2 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
                 mp2 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
-                mp = summarize(list(mp1.times_s + mp2.times_s), warmup=2, calls=mp1.calls_per_repeat,
-                               compile_s=cp.compile_s)
-                mu = summarize(list(mu1.times_s + mu2.times_s), warmup=2, calls=mu1.calls_per_repeat,
-                               compile_s=cu.compile_s)
+                both = lambda a, b, c: summarize(list(a.times_s + b.times_s), warmup=2, calls=a.calls_per_repeat,
+                                                 compile_s=c.compile_s)
+                mp, mu, mss = both(mp1, mp2, cp), both(mu1, mu2, cu), both(ms1, ms2, cs)
                 tokens_mb = batch // m * seq
                 lc = cfg.n_layers // (p * v)
                 acts = pipe.ticks * lc * per_layer * tokens_mb * 4
@@ -173,6 +189,9 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                     "pipelined_s": mp.median_s, "reference_s": mu.median_s,
                     "pipelined_iqr_s": mp.iqr_s, "reference_iqr_s": mu.iqr_s,
                     "bubble_measured": 1 - mu.median_s / mp.median_s,
+                    "steady_s": mss.median_s, "steady_iqr_s": mss.iqr_s,
+                    "bubble_measured_ticks": 1 - mss.median_s / mp.median_s,
+                    "flops_steady": cs.cost.counted_flops,
                     "flops_pipelined": cp.cost.counted_flops, "flops_reference": cu.cost.counted_flops,
                     "bubble_flops": 1 - cu.cost.counted_flops / cp.cost.counted_flops,
                     "temp_bytes": cp.cost.temp_bytes, "predicted_activation_bytes": acts,
@@ -182,20 +201,22 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                     "permute_axes": sorted({a for c in permutes for a in c.mesh_axes}),
                 }
                 row["measured_vs_analytic"] = row["bubble_measured"] / row["bubble_analytic"] - 1
+                row["ticks_vs_analytic"] = row["bubble_measured_ticks"] / row["bubble_analytic"] - 1
                 rows.append(row)
                 store.append(make_record("pipeline", {"stages": p, "repeats": v, "microbatches": m, "batch": batch,
                                                       "seq": seq, "overrides": overrides}, cp.cost, None, mp,
                                          extra=row))
-                say(f"  bubble analytic {row['bubble_analytic']:.3f} measured {row['bubble_measured']:.3f} "
-                         f"flops {row['bubble_flops']:.3f}")
+                say(f"  bubble analytic {row['bubble_analytic']:.3f} measured: fill/drain ticks "
+                    f"{row['bubble_measured_ticks']:.3f}, against the bubble-free reference {row['bubble_measured']:.3f}; "
+                    f"flops {row['bubble_flops']:.3f}")
     return rows
 
 
 def report(rows: list[dict], out: str) -> None:
 
-    cols = ["stages", "repeats", "microbatches", "batch", "ticks", "bubble_analytic", "bubble_flops", "bubble_measured",
-            "measured_vs_analytic", "pipelined_s", "reference_s", "temp_bytes", "predicted_held_bytes",
-            "temp_over_predicted"]
+    cols = ["stages", "repeats", "microbatches", "batch", "ticks", "bubble_analytic", "bubble_flops",
+            "bubble_measured_ticks", "ticks_vs_analytic", "bubble_measured", "measured_vs_analytic", "pipelined_s",
+            "steady_s", "reference_s", "temp_bytes", "predicted_held_bytes", "temp_over_predicted"]
     print_table([{k: r[k] for k in cols} for r in rows], title="pipeline bubble: analytic, compiled, measured")
     os.makedirs(out, exist_ok=True)
     if rows:

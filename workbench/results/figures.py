@@ -262,7 +262,8 @@ def waterfall_chart(terms: list[dict], path: str, title: str = "") -> str:
 
 def pipeline_bubble_chart(rows: list[dict], path: str, title: str = "") -> str:
     """benchmarks.pipeline_study's figure: bubble fraction against microbatches m, per (stages p, repeats v): the
-    analytic (p − 1)/(v·m + p − 1) as a line, measured (filled) and from compiled flops (hollow)."""
+    analytic (p − 1)/(v·m + p − 1) as a line; measured as the fill/drain ticks' share of the step (dots) and against
+    the bubble-free reference (crosses); from compiled flops (hollow squares)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,7 +278,11 @@ def pipeline_bubble_chart(rows: list[dict], path: str, title: str = "") -> str:
         c = plt.cm.tab10(i % 10)
         mm = np.linspace(ms.min(), ms.max(), 50)
         ax.plot(mm, (p - 1) / (v * mm + p - 1), "-", color=c, lw=1.2, label=f"p={p} v={v} analytic")
-        ax.scatter(ms, [r["bubble_measured"] for r in sel], color=[c], s=35, label=f"p={p} v={v} measured")
+        if all("bubble_measured_ticks" in r for r in sel):
+            ax.scatter(ms, [r["bubble_measured_ticks"] for r in sel], color=[c], s=35, marker="o",
+                       label=f"p={p} v={v} measured (fill/drain ticks)")
+        ax.scatter(ms, [r["bubble_measured"] for r in sel], color=[c], s=30, marker="x",
+                   label=f"p={p} v={v} measured (vs bubble-free reference)")
         ax.scatter(ms, [r["bubble_flops"] for r in sel], facecolors="none", edgecolors=[c], s=70, marker="s",
                    label=f"p={p} v={v} compiled flops")
     ax.set_xscale("log", base=2)
