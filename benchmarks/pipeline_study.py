@@ -19,9 +19,8 @@ the useful ones, (v·m + p − 1)/(v·m), and `bubble_measured` = 1 − U/P is c
 `bubble_measured_ticks` = 1 − S/P: the share of P's time spent in its fill and drain ticks, the bubble as wall time,
 with the per-tick costs a pipeline pays (permute, microbatch slicing) in both. And memory: the temporaries
 memory_analysis reports for P against what it holds for its in-flight microbatches (every tick's saved activations
-until the backward: ticks × L/(p·v) layers × one microbatch's per-layer activations,
-models.analytics.activation_elements_per_token; circular: plus the chunk's weights, a dynamic slice saved at every
-tick).
+until the backward: ticks × L/(p·v) layers × what one layer saves on one microbatch, counted by JAX itself,
+workbench.compat.saved_residual_bytes; circular: plus the chunk's weights, a dynamic slice saved at every tick).
 Timing: workbench.measure.harness.measure, in the order P U S S U P (median over both halves of each). Records of kind
 'pipeline' go to the results store; the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
 """
@@ -38,7 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models import pipeline as pp
-from models.analytics import activation_elements_per_token, attention_params, mlp_params
+from models.analytics import attention_params, mlp_params
 from models.presets import get_config
 from models.transformer import Transformer
 from partitioning.mesh import make_mesh
@@ -137,13 +136,26 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
     return (fp, args_p), (fu, args_u), (fs, args_p)
 
 
+def _layer_residual_bytes(cfg, mb: int, seq: int) -> float:
+    """Bytes one layer saves for its backward on one (mb, seq) microbatch: workbench.compat.saved_residual_bytes of
+    the model's own layer function (Transformer.block_call, remat as configured), its parameters left out."""
+    model = Transformer(cfg, "float32", nnx.Rngs(0))
+    gd, stacked = nnx.split(model.blocks)
+    call = model.block_call()
+    one = jax.tree.map(lambda a: a[0], stacked)
+    pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (mb, seq))
+
+    def layer(st, x):
+        return call(nnx.merge(gd, st), x, pos)[0]
+
+    x = jax.ShapeDtypeStruct((mb, seq, cfg.d_model), jnp.float32)
+    return compat.saved_residual_bytes(layer, one, x, skip_args=("st",))
+
+
 def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> list[dict]:
-
-
     cfg = get_config("tiny", overrides).replace(scan_layers=True, seq_len=max(seq, 64), remat="none")
     store = Store()
     rows = []
-    per_layer = activation_elements_per_token(cfg, seq)["per_layer"]
     aw, ab = attention_params(cfg)
     mw, mb_ = mlp_params(cfg)
     layer_bytes = 4 * (aw + ab + mw + mb_ + 2 * cfg.d_model * (2 if cfg.norm == "layernorm" else 1))
@@ -176,9 +188,10 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                 both = lambda a, b, c: summarize(list(a.times_s + b.times_s), warmup=2, calls=a.calls_per_repeat,
                                                  compile_s=c.compile_s)
                 mp, mu, mss = both(mp1, mp2, cp), both(mu1, mu2, cu), both(ms1, ms2, cs)
-                tokens_mb = batch // m * seq
                 lc = cfg.n_layers // (p * v)
-                acts = pipe.ticks * lc * per_layer * tokens_mb * 4
+                # what one layer saves for the backward on one microbatch, as JAX traces it (its weights left out)
+                layer_res = _layer_residual_bytes(cfg, batch // m, seq)
+                acts = pipe.ticks * lc * layer_res
                 # circular: the chunk's weights are a dynamic slice per tick, saved for the backward every tick
                 weights = pipe.ticks * lc * layer_bytes if v > 1 else 0
                 held = acts + weights
@@ -194,7 +207,8 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                     "flops_steady": cs.cost.counted_flops,
                     "flops_pipelined": cp.cost.counted_flops, "flops_reference": cu.cost.counted_flops,
                     "bubble_flops": 1 - cu.cost.counted_flops / cp.cost.counted_flops,
-                    "temp_bytes": cp.cost.temp_bytes, "predicted_activation_bytes": acts,
+                    "temp_bytes": cp.cost.temp_bytes, "layer_residual_bytes": layer_res,
+                    "predicted_activation_bytes": acts,
                     "predicted_weight_residual_bytes": weights, "predicted_held_bytes": held,
                     "temp_over_predicted": cp.cost.temp_bytes / held,
                     "permutes_per_step": sum(c.count for c in permutes),

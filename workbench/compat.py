@@ -19,6 +19,8 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 - TPU `optimal_seconds`: often negative with libtpu 0.0.42, positive on the programs tried with 0.0.52; callers
   guard it (workbench.programs.predict.xla_estimate)
 - `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
+- residuals saved for the backward: `jax._src.ad_checkpoint.saved_residuals` in both (the list behind the public
+  `jax.ad_checkpoint.print_saved_residuals`). -> `saved_residual_bytes(fn, *args, skip_args=)`
 - TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
 
 The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
@@ -143,3 +145,19 @@ def ragged_all_to_all_supported(platform: str) -> bool:
     except Exception:  # noqa: BLE001 - UNIMPLEMENTED (or any refusal): not supported here
         return False
     return True
+
+
+def saved_residual_bytes(fn, *args, skip_args: tuple[str, ...] = ()) -> float:
+    """Bytes of the residuals jax.vjp(fn, *args) saves for the backward pass, as JAX traces them (before XLA fuses
+    or drops any): the list jax.ad_checkpoint.print_saved_residuals prints (jax._src.ad_checkpoint.saved_residuals,
+    the same on jax 0.10 and 0.12). Residuals that are fn's arguments named in `skip_args` (its parameter names,
+    e.g. the weights: saving them allocates nothing) are left out."""
+    from jax._src import ad_checkpoint
+
+    total = 0.0
+    for aval, src in ad_checkpoint.saved_residuals(fn, *args):
+        if any(src == f"from the argument {n}" or src.startswith((f"from the argument {n}[", f"from the argument {n}."))
+               for n in skip_args):
+            continue
+        total += float(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+    return total
