@@ -55,11 +55,34 @@ def grouped_matmul(x_rd, w_gdf, group_sizes, compute_dtype=F32, impl: str = "rag
 
 
 # --------------------------------------------------------------------------------------------- megablox (TPU)
-def _tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
+# libtpu's default scoped-VMEM limit is 16 MiB on v5e/v5p (the v5p compile of DeepSeek-MoE's tgmm with (512, 1024,
+# 1024) tiles asked for 17.02M: "Scoped allocation with size 17.02M and limit 16.00M"); tiles are kept under 3/4 of it
+MEGABLOX_VMEM_BUDGET = 12 * 2 ** 20
+
+
+def megablox_vmem_bytes(tiling, in_bytes: int = 2, out_rows_cols=None) -> int:
+    """A megablox kernel's scoped VMEM for one tiling (tm, tk, tn): both operand tiles double-buffered in the compute
+    dtype, the float32 output tile double-buffered plus its accumulator. gmm's output tile is (tm, tn); tgmm's
+    (tk, tn) (pass out_rows_cols)."""
+    tm, tk, tn = tiling
+    orow, ocol = out_rows_cols or (tm, tn)
+    return 2 * in_bytes * (tm * tk + tk * tn if out_rows_cols is None else tk * tm + tm * tn) + 3 * 4 * orow * ocol
+
+
+def _tiling(m: int, k: int, n: int, transposed: bool = False) -> tuple[int, int, int]:
     """megablox tile sizes: MaxText's (512, 1024, 1024) where the dimension is that large; a whole small dimension
-    otherwise (a block equal to the array dimension is always legal). m is padded to a multiple of its tile."""
+    otherwise (a block equal to the array dimension is always legal). m is padded to a multiple of its tile. The
+    larger of tk, tn is halved (to no less than 128) while the kernel's VMEM (megablox_vmem_bytes; tgmm when
+    `transposed`) is over MEGABLOX_VMEM_BUDGET."""
     tm = 512 if m >= 512 else max(8, -(-m // 8) * 8)
-    return tm, (1024 if k >= 1024 else k), (1024 if n >= 1024 else n)
+    tk, tn = (1024 if k >= 1024 else k), (1024 if n >= 1024 else n)
+    size = lambda tk, tn: megablox_vmem_bytes((tm, tk, tn), out_rows_cols=(tk, tn) if transposed else None)
+    while size(tk, tn) > MEGABLOX_VMEM_BUDGET and max(tk, tn) > 128:
+        if tn >= tk and tn > 128:
+            tn = max(128, tn // 2)
+        else:
+            tk = max(128, tk // 2)
+    return tm, tk, tn
 
 
 def _mb_gmm(lhs, rhs, gs, tiling, interpret, transpose_rhs=False):
@@ -97,7 +120,8 @@ def _megablox_bwd(compute_dtype, interpret, res, g_rf):
     G, D, F = wc.shape
     gc = jnp.pad(g_rf.astype(compute_dtype), ((0, xc.shape[0] - R), (0, 0)))  # to the forward's padded rows
     dx = _used_rows(_mb_gmm(gc, wc, gs, _tiling(xc.shape[0], F, D), interpret, transpose_rhs=True)[:R], gs)
-    dw = megablox_ops.backend.tgmm(xc.swapaxes(0, 1), gc, gs, F32, _tiling(xc.shape[0], D, F), num_actual_groups=G,
+    dw = megablox_ops.backend.tgmm(xc.swapaxes(0, 1), gc, gs, F32, _tiling(xc.shape[0], D, F, transposed=True),
+                                   num_actual_groups=G,
                                    interpret=interpret)
     return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype), None
 

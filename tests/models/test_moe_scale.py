@@ -365,3 +365,31 @@ def test_fused_buffer_set_counts_by_hand():
     assert moe_memory_fused(cfg, "tpu") and not moe_memory_fused(cfg, "cpu")
     assert not moe_memory_fused(cfg.replace(capacity_factor=None), "tpu")  # megablox: opaque to fusion
     assert moe_memory_fused(cfg.replace(capacity_factor=None, moe_gmm="blocked"), "tpu")
+
+
+def test_megablox_tiles_fit_the_scoped_vmem_budget():
+    """(512, 1024, 1024) tgmm tiles need ~16 MiB of scoped VMEM (libtpu asked 17.02M against v5p's 16M limit for
+    DeepSeek-MoE's d_model 2048 x d_ff 1408): every tiling chosen stays under the budget."""
+    for m, k, n in ((65536, 2048, 1408), (65536, 1408, 2048), (65536, 4096, 14336), (4096, 1024, 2048), (96, 64, 64)):
+        for transposed in (False, True):
+            t = grouped._tiling(m, k, n, transposed)
+            out = (t[1], t[2]) if transposed else None
+            assert grouped.megablox_vmem_bytes(t, out_rows_cols=out) <= grouped.MEGABLOX_VMEM_BUDGET, (m, k, n, t)
+    assert grouped.megablox_vmem_bytes((512, 1024, 1024), out_rows_cols=(1024, 1024)) > grouped.MEGABLOX_VMEM_BUDGET
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
+def test_megablox_forward_and_backward_compile_for_v5p_at_deepseek_widths():
+    from jax.sharding import SingleDeviceSharding
+
+    sh = SingleDeviceSharding(topology.tpu_devices("tpu-v5p:2x2x1")[0])
+    x = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16, sharding=sh)
+    w = jax.ShapeDtypeStruct((8, 2048, 1408), jnp.float32, sharding=sh)
+    gs = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=sh)
+
+    def f(x, w, gs):
+        loss = lambda x, w: jnp.sum(grouped.megablox_matmul(x, w, gs, jnp.bfloat16) ** 2)
+        return jax.grad(loss, argnums=(0, 1))(x, w)
+
+    jax.jit(f).lower(x, w, gs).compile()  # raised CompileTimeScopedVmemOom with the (512, 1024, 1024) tgmm tiles
