@@ -2,6 +2,10 @@
 gradients on the same batch; activations move by collective permutes on `stage`; 1F1B holds fewer activations than
 GPipe; bad stage / microbatch counts, schedules and policies are one-line errors."""
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -16,6 +20,8 @@ from workbench.errors import WorkbenchError
 from workbench.programs.data import Batches, load_corpus
 from workbench.programs.train import build_train_step, cross_entropy, cross_entropy_one_hot
 from workbench.testing import assert_close, tol
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 B, T = 8, 32
 CFG = "n_layers=4,scan_layers=true"
@@ -174,3 +180,21 @@ def test_1f1b_holds_less_than_gpipe():
         assert (" conditional(" in hlo) == (schedule == "1f1b")  # idle 1F1B slots branch around the work
     assert temp["1f1b"] < 0.5 * temp["gpipe"], temp
 
+
+def _run_cli(*args, tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", WORKBENCH_RESULTS=str(tmp_path), WORKBENCH_HUGEPAGES="0")
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "small", "--steps", "2", "--json",
+                        *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.compile_heavy
+def test_1f1b_training_run_equals_unpipelined(tmp_path):
+    """The CLI path: two training steps of `small` under 1F1B on 4 stages give the data-parallel run's losses."""
+    got = _run_cli("--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--microbatches", "8",
+                   "--pipeline-schedule", "1f1b", tmp_path=tmp_path)
+    ref = _run_cli("--strategy", "dp", "--mesh", "data=1", "--devices", "1", tmp_path=tmp_path)
+    assert got["pipeline"]["schedule"] == "1f1b" and got["pipeline"]["held_microbatches"] == 7
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4)
+    assert any(k.startswith("collective-permute@stage") for k in got["collectives"]), got["collectives"]
