@@ -32,6 +32,10 @@ CASES = [
       "--steps", "1"], "fewer than the 4 pipeline stages"),
     (["predict", "--preset", "small", "--target", "tpu-v5e:2x2", "--strategy", "pp", "--mesh", "stage=4",
       "--microbatches", "2"], "fewer than the 4 pipeline stages"),
+    (["run", "--preset", "small", "--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--microbatches", "4",
+      "--steps", "1", "--pipeline-schedule", "zb"], "unknown pipeline schedule 'zb'"),
+    (["predict", "--preset", "small", "--target", "tpu-v5e:2x2", "--strategy", "pp", "--mesh", "stage=4",
+      "--microbatches", "4", "--pipeline-schedule", "1f1b", "--policy", "fp16"], "1F1B does not apply fp16's loss"),
 ]
 
 

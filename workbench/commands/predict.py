@@ -70,6 +70,9 @@ def summary_rows(r: dict) -> list[dict]:
         rows.append({"field": "bubble", "value": f"{pl['bubble_fraction']:.1%} of the layer ticks "
                      "((p − 1)/(v·m + p − 1))" + (f"; {fmt(pl['bubble_s'])} s of the predicted step"
                                                  if pl.get("bubble_s") is not None else "")})
+        if pl.get("held_microbatches") is not None:
+            rows.append({"field": "held for the backward", "value": f"{pl['held_microbatches']} microbatches on "
+                         f"stage 0 ({pl.get('held_what', '')})"})
     if r.get("remat_auto", {}).get("tried_first"):
         ra = r["remat_auto"]
         rows.append({"field": "remat auto", "value": f"none did not fit ({ra.get('reason')}); per-layer chosen"})
@@ -97,6 +100,8 @@ def register(app: typer.Typer) -> None:
                                          "strategies: the pipeline's microbatches)"),
         pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "
                                              "device (circular schedule)"),
+        pipeline_schedule: str = typer.Option("gpipe", "--pipeline-schedule", help="pp strategies: gpipe (circular "
+                                              "with --pipeline-repeats > 1) | 1f1b"),
         policy: str = typer.Option("bf16", "--policy", help="precision policy (bf16, float32, ...)"),
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         gpu_compiler: str = typer.Option("auto", "--gpu-compiler",
@@ -109,12 +114,16 @@ def register(app: typer.Typer) -> None:
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
         check_inputs(policy=policy, strategies=[strategy], batch=batch, seq=seq, microbatches=microbatches)
         positive_int("--pipeline-repeats", pipeline_repeats)
+        from models.pipeline import check_schedule_name
+
+        check_schedule_name(pipeline_schedule)
         tgt = setup_target_devices(target, gpu_compiler)
         from workbench.programs.predict import PredictSpec, predict
 
         spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
                            mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
-                           gpu_compiler=gpu_compiler, pipeline_repeats=pipeline_repeats)
+                           gpu_compiler=gpu_compiler, pipeline_repeats=pipeline_repeats,
+                           pipeline_schedule=pipeline_schedule)
         con = stderr_console()
         with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
             r = predict(spec, compile_anyway=compile_anyway)

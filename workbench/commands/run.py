@@ -57,6 +57,10 @@ def register(app: typer.Typer) -> None:
                                          "strategies: the pipeline's microbatches, >= the stage count)"),
         pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "
                                              "device (1: GPipe; v > 1: the circular schedule, bubble / v)"),
+        pipeline_schedule: str = typer.Option("gpipe", "--pipeline-schedule", help="pp strategies: gpipe (the "
+                                              "default; circular with --pipeline-repeats > 1) | 1f1b (each "
+                                              "microbatch's backward starts as it leaves the last stage: a stage "
+                                              "holds at most 2p - 1 microbatches' inputs)"),
         overrides: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default by model size)"),
         seed: int = typer.Option(0, "--seed"),
@@ -90,6 +94,9 @@ def register(app: typer.Typer) -> None:
         batch = positive_int("--batch", batch)
         microbatches = positive_int("--microbatches", microbatches)
         pipeline_repeats = positive_int("--pipeline-repeats", pipeline_repeats)
+        from models.pipeline import check_schedule_name
+
+        check_schedule_name(pipeline_schedule)
         if seq is not None:
             positive_int("--seq", seq)
         if eval_every is not None:
@@ -123,7 +130,8 @@ def register(app: typer.Typer) -> None:
         result = train_model(cfg, strategy=strategy, mesh=m, steps=steps, batch_size=batch, precision=precision,
                              seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
                              progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt,
-                             explain=explain, pipeline_repeats=pipeline_repeats)
+                             explain=explain, pipeline_repeats=pipeline_repeats,
+                             pipeline_schedule=pipeline_schedule)
         if not group.primary:  # process 0 prints and records
             return
         r = result.to_record()
@@ -131,7 +139,7 @@ def register(app: typer.Typer) -> None:
         spec = {"preset": preset, "overrides": overrides or "", "strategy": r["strategy"], "mesh": r["mesh"],
                 "devices": r["n_devices"], "steps": steps, "batch": batch, "seq_len": r["seq_len"],
                 "microbatches": microbatches, "precision": r["precision"], "seed": seed,
-                "pipeline_repeats": pipeline_repeats,
+                "pipeline_repeats": pipeline_repeats, "pipeline_schedule": pipeline_schedule,
                 "processes": group.processes}
         extra = {k: v for k, v in r.items() if k not in ("cost", "prediction", "measurement")}
         rec = make_record("train", spec, result.cost, result.prediction, result.measurement, extra=extra, seed=seed)

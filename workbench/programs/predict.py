@@ -71,6 +71,7 @@ class PredictSpec:
     overrides: str | None = None     # model config overrides 'k=v,k=v'
     gpu_compiler: str = "auto"       # GPU targets: auto | xla-gpu (deviceless XLA:GPU) | cpu-sim
     pipeline_repeats: int = 1        # pp strategies: virtual stages per device (models/pipeline.py)
+    pipeline_schedule: str = "gpipe"  # pp strategies: gpipe (circular when repeats > 1) | 1f1b
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,7 +173,8 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
 
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True,
-                                     pipeline_repeats=spec.pipeline_repeats)
+                                     pipeline_repeats=spec.pipeline_repeats,
+                                     pipeline_schedule=spec.pipeline_schedule)
         return _unpack_step(out)
     return build_inference_step(cfg, policy, mesh, spec.strategy, batch, seq, spec.mode)
 
@@ -297,18 +299,23 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
         if spec.mode != "train":
             raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
         pipeline_spec(spec, axes).check(cfg.n_layers, batch)
+        train.check_schedule_policy(pipeline_spec(spec, axes), spec.policy)
         if not cfg.scan_layers:
             notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
             cfg = cfg.replace(scan_layers=True)
     elif spec.pipeline_repeats != 1:
         raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
                              f"{spec.strategy}")
+    elif spec.pipeline_schedule != "gpipe":
+        raise WorkbenchError(f"--pipeline-schedule applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                             f"{spec.strategy}")
     return target, cfg, axes, batch, seq, notes
 
 
 def pipeline_spec(spec: PredictSpec, axes: dict[str, int]) -> pipeline.PipelineSpec:
-    """The schedule a pipelined spec runs: the mesh's stage size, its microbatches and repeats."""
-    return pipeline.PipelineSpec(int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches, spec.pipeline_repeats)
+    """The schedule a pipelined spec runs: the mesh's stage size, its microbatches, repeats and schedule."""
+    return pipeline.PipelineSpec(int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches, spec.pipeline_repeats,
+                                 spec.pipeline_schedule)
 
 
 def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
@@ -515,9 +522,16 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
                                    math.prod(shape.get(a, 1) for a in strat.rules.mesh_axes_for("mlp")),
                                    price_hw.peak(price))
         bt["predicted_step_without_bubble_s"] = max(step - bt.get("bubble_s", 0.0), floor_s)
-        bt["explain"] = ("every stage computes every tick of the SPMD program, so the compiled per-device program "
-                         "(its roofline) is the critical path through the stages and already holds the (p - 1) "
-                         "bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
+        if bt["schedule"] == "1f1b":
+            bt["explain"] = ("1f1b skips idle slots (lax.cond), but the HLO counter counts a conditional's branch "
+                             "every time it could run: the compiled per-device flops are those of m + 2p - 2 ticks "
+                             "of F + B (with the backward's recompute of the stage forward), an upper bound on the "
+                             "critical path (m + p - 1)(F + B); bubble_s = (p - 1) x one tick's layer FLOPs at "
+                             "peak (analytic)")
+        else:
+            bt["explain"] = ("every stage computes every tick of the SPMD program, so the compiled per-device "
+                             "program (its roofline) is the critical path through the stages and already holds the "
+                             "(p - 1) bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
         out["pipeline"] = bt
     if out.get("moe_memory"):
         out["moe_memory"] = {**out["moe_memory"], "compiled_temp_bytes": cost.temp_bytes,

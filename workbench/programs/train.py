@@ -98,6 +98,32 @@ def cross_entropy(logits_btv, targets_bt):
     return optax.softmax_cross_entropy_with_integer_labels(logits_btv.astype(jnp.float32), targets_bt).mean()
 
 
+def check_schedule_policy(pipe: pp.PipelineSpec | None, policy) -> None:
+    """One line for the precision policies the 1F1B schedule cannot carry: its backward runs inside the loss's
+    custom_vjp forward rule, where fp16 loss scaling would not reach (the scale would multiply gradients computed
+    unscaled, which is what it exists to prevent) and fp8 delayed scaling's gradient state (differentiated to its new
+    value) cannot come out."""
+    if pipe is None or pipe.schedule != "1f1b":
+        return
+    policy = get_policy(policy)
+    if policy.loss_scaling is not None:
+        raise WorkbenchError(f"1F1B does not apply {policy.name}'s loss scaling inside its backward pass; use "
+                             "--pipeline-schedule gpipe or a bf16/float32 policy")
+    if _grad_meta_filter(policy) is not _NoVariable:
+        raise WorkbenchError(f"1F1B cannot carry {policy.name}'s delayed-scaling gradient state through its backward "
+                             "pass; use --pipeline-schedule gpipe or fp8-current")
+
+
+def cross_entropy_one_hot(logits_btv, targets_bt):
+    """cross_entropy written as logsumexp − Σ logits·one_hot(targets): the same quantity without a gather over the
+    vocabulary. The 1F1B head runs inside a shard_map manual over `stage`, where the gather of
+    take_along_axis over a model-sharded vocabulary aborts XLA's SPMD partitioner on stage × data × model meshes
+    (a CHECK failure in spmd_partitioner_util.cc, jaxlib 0.12)."""
+    logits = logits_btv.astype(jnp.float32)
+    picked = jnp.sum(logits * jax.nn.one_hot(targets_bt, logits.shape[-1], dtype=logits.dtype), axis=-1)
+    return (jax.nn.logsumexp(logits, axis=-1) - picked).mean()
+
+
 @dataclasses.dataclass
 class TrainProgram:
     """What build_train_step returns; unpacks as (step, state, batch)."""
@@ -138,13 +164,15 @@ def abstract_with(tree, shardings):
 def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batch_size: int, seq_len: int | None = None,
                      microbatches: int = 1, abstract: bool = False, seed: int = 0, learning_rate: float | None = None,
                      total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0,
-                     pipeline_repeats: int = 1) -> TrainProgram:
+                     pipeline_repeats: int = 1, pipeline_schedule: str = "gpipe") -> TrainProgram:
     """The sharded training step of `cfg` under `strategy` on `mesh` (see the module docstring).
 
     abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
     Pipelined strategies (pp, pp+fsdp, pp+tp, pp+fsdp+tp): `microbatches` are the pipeline's microbatches (not
-    gradient accumulation), `pipeline_repeats` > 1 the circular schedule's virtual stages per device; the layers are
-    stacked (scan_layers=true) and stored in stage order (models/pipeline.py).
+    gradient accumulation), `pipeline_repeats` > 1 the circular schedule's virtual stages per device,
+    `pipeline_schedule` 'gpipe' (circular when repeats > 1) or '1f1b' (the loss computed by
+    models.pipeline.pipelined_loss, whose backward is interleaved with its forward); the layers are stacked
+    (scan_layers=true) and stored in stage order (models/pipeline.py).
     """
 
     policy = get_policy(policy)
@@ -153,7 +181,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     if pp.STAGE_AXIS in rules.mesh_axes_for("layers"):  # pp, pp+fsdp, pp+tp, pp+fsdp+tp
         if pipeline_repeats < 1:
             raise WorkbenchError(f"--pipeline-repeats must be >= 1, got {pipeline_repeats}")
-        pipe = pp.PipelineSpec(int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats)
+        pipe = pp.PipelineSpec(int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
+                               pp.check_schedule_name(pipeline_schedule))
         pipe.check(cfg.n_layers, batch_size)
         if cfg.is_moe:
             raise WorkbenchError("pipeline parallelism is not implemented for mixture-of-experts models; use ep")
@@ -161,6 +190,9 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
             cfg = cfg.replace(scan_layers=True)
     elif pipeline_repeats != 1:
         raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                             f"{rules.name}")
+    elif pipeline_schedule != "gpipe":
+        raise WorkbenchError(f"--pipeline-schedule applies to the pipelined strategies (pp, pp+fsdp, ...), not "
                              f"{rules.name}")
     seq_len = cfg.seq_len if seq_len is None else int(seq_len)
     if cfg.pos == "learned" and seq_len > cfg.seq_len:
@@ -178,6 +210,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     loss_scaling = policy.loss_scaling
 
     gm = _grad_meta_filter(policy)  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
+    check_schedule_policy(pipe, policy)
+    one_f_one_b = pipe is not None and pipe.schedule == "1f1b"
 
     def init_fn():
         model = Transformer(cfg, policy, nnx.Rngs(seed))
@@ -203,8 +237,12 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
     def forward_loss(params, gmeta, rest, batch, ls_state):
         model = nnx.merge(graphdef, params, gmeta, rest)
-        logits_btv, aux = apply_model(model, batch["inputs"])
-        loss = cross_entropy(logits_btv, batch["targets"])
+        if one_f_one_b:  # head and loss per microbatch on the last stage, inside the schedule
+            loss = pp.pipelined_loss(model, batch["inputs"], batch["targets"], pipe, mesh, cross_entropy_one_hot)
+            aux = {}
+        else:
+            logits_btv, aux = apply_model(model, batch["inputs"])
+            loss = cross_entropy(logits_btv, batch["targets"])
         total = loss + aux.get("loss", 0.0)
         new_rest = nnx.split(model, nnx.Param, gm, ...)[3]
         if loss_scaling is not None:
@@ -425,7 +463,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
                 progress: bool = True, hardware: str | None = "auto", analytic: bool = True,
                 profile_steps: int = 0, checkpoint: CheckpointSpec | None = None,
-                explain: bool = False, pipeline_repeats: int = 1) -> TrainResult:
+                explain: bool = False, pipeline_repeats: int = 1, pipeline_schedule: str = "gpipe") -> TrainResult:
     """Train `cfg` for `steps` steps on the stdlib corpus and return losses, timings, costs, prediction, MFU.
 
     profile_steps > 0: after the timed steps, trace that many more under jax.profiler and return per-kernel times
@@ -454,7 +492,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         raise WorkbenchError(f"the byte-level corpus needs vocab_size >= 256, got {cfg.vocab_size}")
     prog = build_train_step(cfg, policy=precision, mesh=mesh, strategy=strategy, batch_size=batch_size,
                             seq_len=seq_len, microbatches=microbatches, seed=seed, learning_rate=learning_rate,
-                            total_steps=steps, pipeline_repeats=pipeline_repeats)
+                            total_steps=steps, pipeline_repeats=pipeline_repeats,
+                            pipeline_schedule=pipeline_schedule)
     cfg = prog.cfg  # pipelined strategies stack the layers (scan_layers=true)
     n_dev = mesh.size
     batches = Batches(batch_size, prog.seq_len, seed)
