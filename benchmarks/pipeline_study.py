@@ -21,7 +21,8 @@ with the per-tick costs a pipeline pays (permute, microbatch slicing) in both. A
 memory_analysis reports for P against what it holds for its in-flight microbatches (every tick's saved activations
 until the backward: ticks × L/(p·v) layers × what one layer saves on one microbatch, counted by JAX itself,
 workbench.compat.saved_residual_bytes; circular: plus the chunk's weights, a dynamic slice saved at every tick).
-Timing: workbench.measure.harness.measure, in the order P U S S U P (median over both halves of each). Records of kind
+Timing: workbench.measure.harness.measure_interleaved, rounds of P, U and S once each in rotating order; the bubble
+estimates are medians of the per-round ratios U/P and S/P (drift on a shared host cancels within a round). Records of kind
 'pipeline' go to the results store; the chart (bubble vs m) and a Markdown table to --out (default reports/pipeline).
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -44,7 +46,7 @@ from partitioning.mesh import make_mesh
 from workbench import compat
 from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
-from workbench.measure.harness import measure, summarize
+from workbench.measure.harness import measure_interleaved
 from workbench.results.console import print_table, say
 from workbench.results.figures import markdown_table, pipeline_bubble_chart
 from workbench.results.store import Store, make_record
@@ -66,12 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--set", dest="overrides", default="n_layers=8,d_model=256,n_heads=4,d_ff=1024",
                     help="model config overrides on the tiny preset")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=12, help="interleaved rounds (each times P, U and S once)")
     ap.add_argument("--quick", action="store_true", help="p=2, v=1, m=2,4, a smaller model")
     ap.add_argument("--out", default=os.path.join("reports", "pipeline"))
     a = ap.parse_args(argv)
     if a.quick:
-        a.p, a.v, a.m, a.overrides, a.repeats = "2", "1", "2,4", "n_layers=4,d_model=64,d_ff=256", 2
+        a.p, a.v, a.m, a.overrides, a.repeats = "2", "1", "2,4", "n_layers=4,d_model=64,d_ff=256", 3
     ps, vs, ms = _ints(a.p), _ints(a.v), _ints(a.m)
     request_devices(max(ps))
     if a.microbatch_size is not None and a.microbatch_size < 1:
@@ -87,6 +89,10 @@ class _SteadyState(pp.PipelineSpec):
 
     @property
     def ticks(self) -> int:
+        return self.repeats * self.microbatches
+
+    @property
+    def step_ticks(self) -> int:  # the forward loop's length in models.pipeline.run_layers
         return self.repeats * self.microbatches
 
 
@@ -152,7 +158,7 @@ def _layer_residual_bytes(cfg, mb: int, seq: int) -> float:
     return compat.saved_residual_bytes(layer, one, x, skip_args=("st",))
 
 
-def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> list[dict]:
+def run(ps, vs, ms, batch, seq, overrides, rounds, microbatch_size=None) -> list[dict]:
     cfg = get_config("tiny", overrides).replace(scan_layers=True, seq_len=max(seq, 64), remat="none")
     store = Store()
     rows = []
@@ -177,17 +183,18 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                 cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
                 cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
                 cs = compile_program(fs, *args_s, mesh=mesh, n_devices=p, analytic=False)
-                say(f"p={p} v={v} m={m}: timing pipelined, reference and steady state")
-                # P U S S U P: a load that drifts while one program is timed weighs on all three
-                mp1 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
-                mu1 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
-                ms1 = measure(cs.compiled, *args_s, warmup=1, repeats=repeats)
-                ms2 = measure(cs.compiled, *args_s, warmup=1, repeats=repeats)
-                mu2 = measure(cu.compiled, *args_u, warmup=1, repeats=repeats)
-                mp2 = measure(cp.compiled, *args_p, warmup=1, repeats=repeats)
-                both = lambda a, b, c: summarize(list(a.times_s + b.times_s), warmup=2, calls=a.calls_per_repeat,
-                                                 compile_s=c.compile_s)
-                mp, mu, mss = both(mp1, mp2, cp), both(mu1, mu2, cu), both(ms1, ms2, cs)
+                if not cs.cost.counted_flops < cp.cost.counted_flops:  # the S program must be P with fewer ticks
+                    raise SystemExit(f"pipeline_study: the steady-state program does as much work as the pipeline "
+                                     f"({cs.cost.counted_flops:.3g} flops): models.pipeline.run_layers no longer "
+                                     "takes its loop length from PipelineSpec.step_ticks")
+                say(f"p={p} v={v} m={m}: timing pipelined, reference and steady state ({rounds} interleaved rounds)")
+                meas, per_round = measure_interleaved({"P": (cp.compiled, *args_p), "U": (cu.compiled, *args_u),
+                                                       "S": (cs.compiled, *args_s)}, warmup=1, rounds=rounds,
+                                                      compile_s={"P": cp.compile_s, "U": cu.compile_s,
+                                                                 "S": cs.compile_s})
+                mp, mu, mss = meas["P"], meas["U"], meas["S"]
+                # paired within each round: the drift of a shared 2-core host cancels in the ratio
+                ratio = lambda a: float(np.median(np.array(per_round[a]) / np.array(per_round["P"])))
                 lc = cfg.n_layers // (p * v)
                 # what one layer saves for the backward on one microbatch, as JAX traces it (its weights left out)
                 layer_res = _layer_residual_bytes(cfg, batch // m, seq)
@@ -201,9 +208,10 @@ def run(ps, vs, ms, batch, seq, overrides, repeats, microbatch_size=None) -> lis
                     "bubble_analytic": pipe.bubble_fraction,
                     "pipelined_s": mp.median_s, "reference_s": mu.median_s,
                     "pipelined_iqr_s": mp.iqr_s, "reference_iqr_s": mu.iqr_s,
-                    "bubble_measured": 1 - mu.median_s / mp.median_s,
+                    "bubble_measured": 1 - ratio("U"),
                     "steady_s": mss.median_s, "steady_iqr_s": mss.iqr_s,
-                    "bubble_measured_ticks": 1 - mss.median_s / mp.median_s,
+                    "bubble_measured_ticks": 1 - ratio("S"),
+                    "rounds": rounds,
                     "flops_steady": cs.cost.counted_flops,
                     "flops_pipelined": cp.cost.counted_flops, "flops_reference": cu.cost.counted_flops,
                     "bubble_flops": 1 - cu.cost.counted_flops / cp.cost.counted_flops,

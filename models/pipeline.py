@@ -242,7 +242,7 @@ def run_layers(layer_fn, stacked, x_mbtd, pos_bt, pipe: PipelineSpec, mesh, resi
         # the block's own activation constraints, on the mesh as seen inside shard_map
         with (activation_sharding(compat.get_abstract_mesh(), rules) if rules is not None
               else contextlib.nullcontext()):
-            (_, outs), _ = jax.lax.scan(tick, carry, jnp.arange(v * m + p - 1))  # also 1f1b's forward-only
+            (_, outs), _ = jax.lax.scan(tick, carry, jnp.arange(pipe.step_ticks))  # v·m + p − 1; also 1f1b's forward-only
         return outs[None]
 
     fn = compat.shard_map(body, mesh=mesh, in_specs=(P(STAGE_AXIS), P(), P()), out_specs=P(STAGE_AXIS),

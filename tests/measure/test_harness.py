@@ -7,7 +7,7 @@ import pytest
 
 from workbench.errors import RecompileError
 from workbench.measure.calibrate import cpu_features
-from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
+from workbench.measure.harness import measure, measure_interleaved, measure_steps, random_inputs, summarize
 
 
 def test_measure_stats_and_batching():
@@ -26,6 +26,25 @@ def test_recompile_during_timing_is_an_error():
 
     with pytest.raises(RecompileError):
         measure_steps(step, warmup=1, repeats=3, guard=f)
+
+
+def test_interleaved_rounds_time_every_program_once_per_round():
+    calls = {"a": 0, "b": 0}
+
+    def counted(name, fn):
+        def call(x):
+            calls[name] += 1
+            return fn(x)
+        return call
+
+    small, big = jnp.ones((8,)), jnp.ones((512, 512))
+    f = jax.jit(lambda x: x + 1)
+    g = jax.jit(lambda x: (x @ x) @ x)
+    meas, per_round = measure_interleaved({"a": (counted("a", f), small), "b": (counted("b", g), big)},
+                                          warmup=1, rounds=4)
+    assert calls == {"a": 5, "b": 5}  # one warm-up + one call per round each
+    assert len(per_round["a"]) == len(per_round["b"]) == 4 and meas["a"].repeats == 4
+    assert np.median(np.array(per_round["a"]) / np.array(per_round["b"])) < 1  # two 512^3 matmuls > an add
 
 
 def test_wide_spread_flagged():

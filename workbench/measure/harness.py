@@ -89,6 +89,33 @@ def measure(fn: Callable, *args, warmup: int = 2, repeats: int = 10, compile_s: 
     return summarize(times, warmup=warmup, calls=calls, compile_s=compile_s)
 
 
+def measure_interleaved(programs: dict[str, tuple], *, warmup: int = 1, rounds: int = 10,
+                        compile_s: dict[str, float] | None = None) -> tuple[dict[str, Measurement], dict[str, list]]:
+    """Time several programs against each other: `programs` maps a name to (fn, *args). Each round calls every
+    program once, in an order that rotates from round to round, so a load that drifts during the run weighs on all
+    of them alike. Returns (a Measurement per name, the per-round times per name): ratios of the same round's times
+    (e.g. median of a_i / b_i) cancel the drift that separate medians keep. Jitted functions are guarded against
+    recompiling, as in `measure`."""
+    names = list(programs)
+    for n in names:
+        fn, *args = programs[n]
+        for _ in range(max(1, warmup)):
+            _block(fn(*args))
+    before = {n: _cache_size(programs[n][0]) for n in names}
+    per_round = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn, *args = programs[n]
+            t0 = time.perf_counter()
+            _block(fn(*args))
+            per_round[n].append(time.perf_counter() - t0)
+    for n in names:
+        if before[n] is not None and _cache_size(programs[n][0]) != before[n]:
+            raise RecompileError(f"{n} recompiled while being timed (input shapes/dtypes/shardings changed)")
+    out = {n: summarize(per_round[n], warmup=warmup, calls=1, compile_s=(compile_s or {}).get(n)) for n in names}
+    return out, per_round
+
+
 def measure_steps(step: Callable[[int], Any], *, warmup: int = 2, repeats: int = 10, guard=None,
                   compile_s: float | None = None) -> Measurement:
     """Time a stateful step: step(i) runs iteration i (feeding its own state forward) and returns what to block on.
