@@ -13,6 +13,10 @@ PY := $(VENV)/bin/python
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 LOCK := $(if $(filter 3.11,$(PYVER)),requirements-py311.lock,requirements.lock)
 STAMP := $(VENV)/.installed-$(PYVER)
+# pytest workers (pytest-xdist): most of the suite's time is XLA compiling, one thread per program, so two workers
+# on a 2-core host nearly halve it. More only where there are cores and memory for them (each worker holds 8
+# simulated devices and its compiles): `make test TEST_JOBS=4`; `TEST_JOBS=0` runs in one process.
+TEST_JOBS ?= 2
 # the short subset CI runs on the second Python (a few minutes): the version layer, costs, HLO reading, the
 # roofline, partitioning, targets, the results store
 SMOKE := tests/test_compat.py tests/cost/test_report.py tests/cost/test_hlo.py tests/roofline/test_prediction.py \
@@ -41,7 +45,7 @@ demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS)
 
 smoke: $(STAMP)
 	$(PY) -m pytest -m "not compile_heavy" $(SMOKE)
