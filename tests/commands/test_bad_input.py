@@ -18,6 +18,7 @@ CASES = [
     (["model-info", "--preset", "llama3-8b", "--seq", "-5"], "--seq must be a positive whole number"),
     (["model-info", "--preset", "llama3-8b", "--seq", "0"], "--seq must be a positive whole number"),
     (["model-info", "--preset", "tiny-moe", "--set", "capacity_factor=inf"], "capacity_factor must be a finite"),
+    (["model-info", "--preset", "small-moe", "--platform", "xpu"], "--platform 'xpu' is not one of cpu, gpu, tpu"),
     (["model-info", "--preset", "tiny", "--set", "norm_eps=nan"], "norm_eps must be a finite"),
     (["predict", "--preset", "tiny", "--target", "tpu-v5e:2x2", "--strategy", "fsdp", "--policy", "fp9"],
      "unknown precision policy 'fp9'"),
