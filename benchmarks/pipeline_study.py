@@ -88,16 +88,14 @@ class _SteadyState(pp.PipelineSpec):
     """The same schedule run for its v·m steady-state ticks only (the S program: timing, not numerics)."""
 
     @property
-    def ticks(self) -> int:
-        return self.repeats * self.microbatches
-
-    @property
     def step_ticks(self) -> int:  # the forward loop's length in models.pipeline.run_layers
         return self.repeats * self.microbatches
 
 
 def _programs(cfg, pipe, mesh, batch: int, seq: int):
-    """(P, U, S) jitted forward+backward functions, their concrete arguments."""
+    """(P, U, S) jitted forward+backward functions with their concrete arguments, and the bytes one layer saves for
+    its backward on one microbatch (workbench.compat.saved_residual_bytes of the model's own layer function,
+    Transformer.block_call with the configured remat, its parameters left out)."""
     model = Transformer(cfg, "float32", nnx.Rngs(0))
     gd, stacked = nnx.split(model.blocks)
     call = model.block_call()
@@ -139,23 +137,10 @@ def _programs(cfg, pipe, mesh, batch: int, seq: int):
     x_sh = NamedSharding(mesh, P("stage"))
     fu = jax.jit(jax.value_and_grad(loss_u, argnums=(0, 1)), in_shardings=(stage_sh, x_sh))
     args_u = (jax.device_put(copies, stage_sh), jax.device_put(x, x_sh))
-    return (fp, args_p), (fu, args_u), (fs, args_p)
-
-
-def _layer_residual_bytes(cfg, mb: int, seq: int) -> float:
-    """Bytes one layer saves for its backward on one (mb, seq) microbatch: workbench.compat.saved_residual_bytes of
-    the model's own layer function (Transformer.block_call, remat as configured), its parameters left out."""
-    model = Transformer(cfg, "float32", nnx.Rngs(0))
-    gd, stacked = nnx.split(model.blocks)
-    call = model.block_call()
     one = jax.tree.map(lambda a: a[0], stacked)
-    pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (mb, seq))
-
-    def layer(st, x):
-        return call(nnx.merge(gd, st), x, pos)[0]
-
-    x = jax.ShapeDtypeStruct((mb, seq, cfg.d_model), jnp.float32)
-    return compat.saved_residual_bytes(layer, one, x, skip_args=("st",))
+    layer_res = compat.saved_residual_bytes(lambda st, h: layer_fn(st, h, pos)[0], one,
+                                            jax.ShapeDtypeStruct((mb, seq, cfg.d_model), rd), skip_args=("st",))
+    return (fp, args_p), (fu, args_u), (fs, args_p), layer_res
 
 
 def run(ps, vs, ms, batch, seq, overrides, rounds, microbatch_size=None) -> list[dict]:
@@ -179,7 +164,7 @@ def run(ps, vs, ms, batch, seq, overrides, rounds, microbatch_size=None) -> list
                 if m % p:
                     say(f"skip p={p} v={v} m={m}: the bubble-free reference splits m over p devices")
                     continue
-                (fp, args_p), (fu, args_u), (fs, args_s) = _programs(cfg, pipe, mesh, batch, seq)
+                (fp, args_p), (fu, args_u), (fs, args_s), layer_res = _programs(cfg, pipe, mesh, batch, seq)
                 cp = compile_program(fp, *args_p, mesh=mesh, n_devices=p, analytic=False)
                 cu = compile_program(fu, *args_u, mesh=mesh, n_devices=p, analytic=False)
                 cs = compile_program(fs, *args_s, mesh=mesh, n_devices=p, analytic=False)
@@ -197,7 +182,6 @@ def run(ps, vs, ms, batch, seq, overrides, rounds, microbatch_size=None) -> list
                 ratio = lambda a: float(np.median(np.array(per_round[a]) / np.array(per_round["P"])))
                 lc = cfg.n_layers // (p * v)
                 # what one layer saves for the backward on one microbatch, as JAX traces it (its weights left out)
-                layer_res = _layer_residual_bytes(cfg, batch // m, seq)
                 acts = pipe.ticks * lc * layer_res
                 # circular: the chunk's weights are a dynamic slice per tick, saved for the backward every tick
                 weights = pipe.ticks * lc * layer_bytes if v > 1 else 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from models.config import GMM_BY_PLATFORM, ModelConfig
+from models.config import ModelConfig, resolve_gmm
 from workbench.errors import WorkbenchError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -184,8 +184,7 @@ def moe_memory_fused(cfg: ModelConfig, platform: str) -> bool:
     every array around it: counted as written. XLA:CPU (and the simulated-CPU GPU targets) materialise everything."""
     if platform not in MOE_FUSED_PLATFORMS:
         return False
-    impl = GMM_BY_PLATFORM.get(platform, "ragged_dot") if cfg.moe_gmm == "auto" else cfg.moe_gmm
-    return not (cfg.capacity_factor is None and impl == "gmm")
+    return not (cfg.capacity_factor is None and resolve_gmm(cfg.moe_gmm, platform) == "gmm")
 
 MOE_CHUNK_BYTES = 2 ** 28  # models/moe.py: expert hidden arrays above this are computed in pieces
 

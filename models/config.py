@@ -24,6 +24,12 @@ GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul 
 GMM_BY_PLATFORM = {"tpu": "gmm", "cpu": "blocked", "gpu": "blocked"}
 
 
+def resolve_gmm(impl: str, platform: str) -> str:
+    """The grouped-matmul form moe_gmm=`impl` runs on `platform`: 'auto' resolved from GMM_BY_PLATFORM (validation of
+    the pair: models.kernels.grouped.choose_impl)."""
+    return GMM_BY_PLATFORM.get(platform, "ragged_dot") if impl == "auto" else impl
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer (GPT-2/3, LLaMA, Mixtral styles).

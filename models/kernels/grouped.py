@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox_ops
 
-from models.config import GMM_BY_PLATFORM, GMM_IMPLS
+from models.config import GMM_IMPLS, resolve_gmm
 from models.precision import einsum_f32, ragged_dot_f32
 from workbench.errors import WorkbenchError
 
@@ -35,7 +35,7 @@ def choose_impl(impl: str, platform: str) -> str:
     if impl not in GMM_IMPLS:
         raise WorkbenchError(f"unknown grouped matmul {impl!r}; choose one of {', '.join(GMM_IMPLS)}")
     if impl == "auto":
-        return GMM_BY_PLATFORM.get(platform, "ragged_dot")
+        return resolve_gmm(impl, platform)
     if impl == "gmm" and platform != "tpu":
         raise WorkbenchError(f"the megablox grouped matmul (moe_gmm=gmm) is a TPU (Mosaic) kernel; on {platform} "
                              "use moe_gmm=blocked, ragged_dot or auto")
@@ -60,13 +60,13 @@ def grouped_matmul(x_rd, w_gdf, group_sizes, compute_dtype=F32, impl: str = "rag
 MEGABLOX_VMEM_BUDGET = 12 * 2 ** 20
 
 
-def megablox_vmem_bytes(tiling, in_bytes: int = 2, out_rows_cols=None) -> int:
+def megablox_vmem_bytes(tiling, transposed: bool = False, in_bytes: int = 2) -> int:
     """A megablox kernel's scoped VMEM for one tiling (tm, tk, tn): both operand tiles double-buffered in the compute
-    dtype, the float32 output tile double-buffered plus its accumulator. gmm's output tile is (tm, tn); tgmm's
-    (tk, tn) (pass out_rows_cols)."""
+    dtype, the float32 output tile double-buffered plus its accumulator. gmm: lhs (tm, tk), rhs (tk, tn), out
+    (tm, tn); tgmm (`transposed`): lhs (tk, tm), rhs (tm, tn), out (tk, tn)."""
     tm, tk, tn = tiling
-    orow, ocol = out_rows_cols or (tm, tn)
-    return 2 * in_bytes * (tm * tk + tk * tn if out_rows_cols is None else tk * tm + tm * tn) + 3 * 4 * orow * ocol
+    rhs, out = (tm * tn, tk * tn) if transposed else (tk * tn, tm * tn)
+    return 2 * in_bytes * (tm * tk + rhs) + 3 * 4 * out
 
 
 def _tiling(m: int, k: int, n: int, transposed: bool = False) -> tuple[int, int, int]:
@@ -76,7 +76,7 @@ def _tiling(m: int, k: int, n: int, transposed: bool = False) -> tuple[int, int,
     `transposed`) is over MEGABLOX_VMEM_BUDGET."""
     tm = 512 if m >= 512 else max(8, -(-m // 8) * 8)
     tk, tn = (1024 if k >= 1024 else k), (1024 if n >= 1024 else n)
-    size = lambda tk, tn: megablox_vmem_bytes((tm, tk, tn), out_rows_cols=(tk, tn) if transposed else None)
+    size = lambda tk, tn: megablox_vmem_bytes((tm, tk, tn), transposed)
     while size(tk, tn) > MEGABLOX_VMEM_BUDGET and max(tk, tn) > 128:
         if tn >= tk and tn > 128:
             tn = max(128, tn // 2)

@@ -373,9 +373,8 @@ def test_megablox_tiles_fit_the_scoped_vmem_budget():
     for m, k, n in ((65536, 2048, 1408), (65536, 1408, 2048), (65536, 4096, 14336), (4096, 1024, 2048), (96, 64, 64)):
         for transposed in (False, True):
             t = grouped._tiling(m, k, n, transposed)
-            out = (t[1], t[2]) if transposed else None
-            assert grouped.megablox_vmem_bytes(t, out_rows_cols=out) <= grouped.MEGABLOX_VMEM_BUDGET, (m, k, n, t)
-    assert grouped.megablox_vmem_bytes((512, 1024, 1024), out_rows_cols=(1024, 1024)) > grouped.MEGABLOX_VMEM_BUDGET
+            assert grouped.megablox_vmem_bytes(t, transposed) <= grouped.MEGABLOX_VMEM_BUDGET, (m, k, n, t)
+    assert grouped.megablox_vmem_bytes((512, 1024, 1024), transposed=True) > grouped.MEGABLOX_VMEM_BUDGET
 
 
 @pytest.mark.compile_heavy

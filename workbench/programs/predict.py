@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from models import inference, pipeline
+from models import inference, moe, pipeline
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.config import REMATS
 from models.precision import get_policy
@@ -294,21 +294,13 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
                              f"{batch // nb} (batch {batch} over {nb} data shards)")
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
-    strat = get_strategy(spec.strategy)
-    if strat.pipelined:
-        if spec.mode != "train":
-            raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
-        pipeline_spec(spec, axes).check(cfg.n_layers, batch)
-        train.check_schedule_policy(pipeline_spec(spec, axes), spec.policy)
-        if not cfg.scan_layers:
-            notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
-            cfg = cfg.replace(scan_layers=True)
-    elif spec.pipeline_repeats != 1:
-        raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
-                             f"{spec.strategy}")
-    elif spec.pipeline_schedule != "gpipe":
-        raise WorkbenchError(f"--pipeline-schedule applies to the pipelined strategies (pp, pp+fsdp, ...), not "
-                             f"{spec.strategy}")
+    if get_strategy(spec.strategy).pipelined and spec.mode != "train":
+        raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
+    pipe, stacked = train.pipeline_for(cfg, spec.strategy, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
+                                       spec.pipeline_repeats, spec.pipeline_schedule, batch, spec.policy)
+    if stacked is not cfg:
+        notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
+        cfg = stacked
     return target, cfg, axes, batch, seq, notes
 
 
@@ -570,9 +562,8 @@ def moe_memory_of(lw: Lowered) -> dict:
     tensor = lw.axes.get("model", 1) if s.splits_tensors else 1
     fsdp = lw.axes.get("data", 1) if "data" in s.rules.mesh_axes_for("embed") else 1
     cb = int(jnp_itemsize(_policy_dtype(spec.policy)))
-    platform = {"libtpu": "tpu", "xla-gpu": "gpu"}.get(lw.compiler, "cpu")
     return moe_layer_memory(cfg, max(tokens, 1), compute_bytes=cb, ep=ep, tensor=tensor, fsdp=fsdp,
-                            backward=spec.mode == "train", fused=moe_memory_fused(cfg, platform))
+                            backward=spec.mode == "train", fused=moe_memory_fused(cfg, moe.platform_of(lw.mesh)))
 
 
 def jnp_itemsize(dtype_name: str) -> int:

@@ -114,6 +114,30 @@ def check_schedule_policy(pipe: pp.PipelineSpec | None, policy) -> None:
                              "pass; use --pipeline-schedule gpipe or fp8-current")
 
 
+def pipeline_for(cfg: ModelConfig, strategy, stages: int, microbatches: int, repeats: int, schedule: str,
+                 batch_size: int, policy) -> tuple[pp.PipelineSpec | None, ModelConfig]:
+    """The pipeline a strategy runs (None for the unpipelined ones, which refuse the pipeline options) and the config
+    it runs (layers stacked: the stacked axis is what is sharded over `stage`). Every check is a one-line error; the
+    training step and `predict` both ask here."""
+    rules = get_rules(strategy)
+    if pp.STAGE_AXIS not in rules.mesh_axes_for("layers"):  # not pp, pp+fsdp, pp+tp, pp+fsdp+tp
+        if repeats != 1:
+            raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                                 f"{rules.name}")
+        if schedule != "gpipe":
+            raise WorkbenchError(f"--pipeline-schedule applies to the pipelined strategies (pp, pp+fsdp, ...), not "
+                                 f"{rules.name}")
+        return None, cfg
+    if repeats < 1:
+        raise WorkbenchError(f"--pipeline-repeats must be >= 1, got {repeats}")
+    pipe = pp.PipelineSpec(stages, microbatches, repeats, pp.check_schedule_name(schedule))
+    pipe.check(cfg.n_layers, batch_size)
+    if cfg.is_moe:
+        raise WorkbenchError("pipeline parallelism is not implemented for mixture-of-experts models; use ep")
+    check_schedule_policy(pipe, policy)
+    return pipe, (cfg if cfg.scan_layers else cfg.replace(scan_layers=True))
+
+
 def cross_entropy_one_hot(logits_btv, targets_bt):
     """cross_entropy written as logsumexp − Σ logits·one_hot(targets): the same quantity without a gather over the
     vocabulary. The 1F1B head runs inside a shard_map manual over `stage`, where the gather of
@@ -177,23 +201,8 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
 
     policy = get_policy(policy)
     rules = get_rules(strategy)
-    pipe = None
-    if pp.STAGE_AXIS in rules.mesh_axes_for("layers"):  # pp, pp+fsdp, pp+tp, pp+fsdp+tp
-        if pipeline_repeats < 1:
-            raise WorkbenchError(f"--pipeline-repeats must be >= 1, got {pipeline_repeats}")
-        pipe = pp.PipelineSpec(int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
-                               pp.check_schedule_name(pipeline_schedule))
-        pipe.check(cfg.n_layers, batch_size)
-        if cfg.is_moe:
-            raise WorkbenchError("pipeline parallelism is not implemented for mixture-of-experts models; use ep")
-        if not cfg.scan_layers:  # the stacked layer axis is what is sharded over `stage`
-            cfg = cfg.replace(scan_layers=True)
-    elif pipeline_repeats != 1:
-        raise WorkbenchError(f"--pipeline-repeats applies to the pipelined strategies (pp, pp+fsdp, ...), not "
-                             f"{rules.name}")
-    elif pipeline_schedule != "gpipe":
-        raise WorkbenchError(f"--pipeline-schedule applies to the pipelined strategies (pp, pp+fsdp, ...), not "
-                             f"{rules.name}")
+    pipe, cfg = pipeline_for(cfg, rules, int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
+                             pipeline_schedule, batch_size, policy)
     seq_len = cfg.seq_len if seq_len is None else int(seq_len)
     if cfg.pos == "learned" and seq_len > cfg.seq_len:
         raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "
@@ -210,7 +219,6 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     loss_scaling = policy.loss_scaling
 
     gm = _grad_meta_filter(policy)  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
-    check_schedule_policy(pipe, policy)
     one_f_one_b = pipe is not None and pipe.schedule == "1f1b"
 
     def init_fn():
