@@ -1,6 +1,7 @@
 """Sweeps (resumable, kill-safe, one record per point), the store's query API, and the paper notebooks executed on a
 small store these tests make. The sweeps predict for a TPU chip (`roofline --target tpu-v5e`): compiled here, not
 run, so no calibration is needed."""
+import glob
 import json
 import os
 import signal
@@ -130,9 +131,11 @@ def test_notebooks_execute_on_a_small_store(tmp_path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-500:]
     out = tmp_path / "paper"
+    litter = set(glob.glob(os.path.join(ROOT, "kernel-ipc-*")))
     p = subprocess.run([sys.executable, "-m", "workbench", "paper", "build", "--out", str(out), "--json"], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-1500:]
+    assert set(glob.glob(os.path.join(ROOT, "kernel-ipc-*"))) == litter, "the kernels' sockets were left in the cwd"
     res = json.loads(p.stdout)
     notebooks = [n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".py")]
     assert all(n["ok"] for n in res["notebooks"]) and len(res["notebooks"]) == len(notebooks)

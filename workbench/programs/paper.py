@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 
 import jupytext
@@ -68,7 +69,8 @@ def run_notebook(path: str, timeout: int = 600) -> NotebookOutcome:
     name = os.path.splitext(os.path.basename(path))[0]
     nb = jupytext.read(path)
     t0 = time.perf_counter()
-    km = KernelManager(kernel_name="python3", transport="ipc")   # a local socket, not TCP
+    sockets = tempfile.mkdtemp(prefix="workbench-kernel-")   # the kernel's local sockets, not TCP and not the cwd
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel-ipc"))
     client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": os.getcwd()}})
     try:
         client.execute()
@@ -79,6 +81,8 @@ def run_notebook(path: str, timeout: int = 600) -> NotebookOutcome:
         words = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("-", " "))]
         err = next((ln for ln in reversed(words) if "Error" in ln or "Exception" in ln), words[-1] if words else "?")
         return NotebookOutcome(name, False, time.perf_counter() - t0, f"cell {cell}: {err.strip()[:200]}")
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     return NotebookOutcome(name, True, time.perf_counter() - t0)
 
 
