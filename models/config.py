@@ -16,7 +16,7 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
-REMATS = ("none", "per-layer", "dots", "offload")
+REMATS = ("none", "per-layer", "dots", "minimal", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
 GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul (models/kernels/grouped.py)
 # moe_gmm=auto per platform, measured with `workbench moe gmm` (docs/moe.md): the form whose compiled flops are
@@ -69,7 +69,8 @@ class ModelConfig:
     # memory
     remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass) | 'dots'
     #                      (save only matmul outputs, recompute norms, softmax and activations in the backward pass)
-    #                      | 'offload' (layer inputs and q/k/v projections offloaded to host memory, the rest
+    #                      | 'minimal' (MaxText's: save only the weight matmuls' outputs; the attention matmuls are
+    #                      recomputed too) | 'offload' (layer inputs and q/k/v projections offloaded to host memory, the rest
     #                      recomputed: models/transformer.py OFFLOADED_NAMES)
     # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
     # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per

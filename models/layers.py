@@ -215,8 +215,8 @@ class Block(nnx.Module):
 
     def __call__(self, x_btd, positions_bt):
         x_btd = x_btd + self.attn(self.norm_attn(x_btd), positions_bt).astype(jnp.float32)
-        x_btd = constrain(x_btd, ("batch", "seq", "embed"), "residual")
+        x_btd = constrain(x_btd, ("batch", "seq", "act_embed"), "residual")
         y_btd, aux = self.mlp(self.norm_mlp(x_btd))
         x_btd = x_btd + y_btd.astype(jnp.float32)
-        x_btd = constrain(x_btd, ("batch", "seq", "embed"), "residual")
+        x_btd = constrain(x_btd, ("batch", "seq", "act_embed"), "residual")
         return x_btd, aux

@@ -78,7 +78,8 @@ class Transformer(nnx.Module):
     def block_call(self):
         """(block, x_btd, positions_bt) -> (x_btd, aux): one layer under the config's remat policy (the function the
         layer loop and the pipeline, models/pipeline.py, both apply)."""
-        return {"per-layer": _remat_block, "dots": _remat_dots_block, "offload": _remat_offload_block
+        return {"per-layer": _remat_block, "dots": _remat_dots_block, "minimal": _remat_minimal_block,
+                "offload": _remat_offload_block
                 }.get(self.cfg.remat, _block)
 
     def __call__(self, tokens_bt, positions_bt=None):
@@ -113,6 +114,10 @@ _remat_block = nnx.remat(_block)
 # XLA:CPU writing every elementwise residual into the scan's stacked buffers and reading it back cost more than
 # recomputing it (small: 0.75 -> 0.68 s/step, docs/models.md).
 _remat_dots_block = nnx.remat(_block, policy=jax.checkpoint_policies.dots_saveable)
+# MaxText's remat_policy 'minimal' (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims): saves the outputs of
+# the matmuls against weights (no batch dimensions) and recomputes the attention matmuls, whose [batch, heads] batch
+# dimensions mark them, and everything elementwise: the S x S scores are never saved.
+_remat_minimal_block = nnx.remat(_block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 # Host offloading (MaxText's remat_policy 'offload'-style): the layer input and the attention projections are copied
 # to pinned host memory in the forward pass and back for the backward pass; everything else is recomputed.
 OFFLOADED_NAMES = ("layer_input", "query", "key", "value")

@@ -1,7 +1,11 @@
 """Strategy rule tables: logical axis name -> mesh axes. One registry, loud on conflicts.
 
-Logical axes (what models/ annotate): batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, experts, layers (the
-stacked layer axis of scan_layers models).
+Logical axes (what models/ annotate): batch, seq, embed, act_embed, heads, kv_heads, head_dim, mlp, vocab, experts,
+layers (the stacked layer axis of scan_layers models). act_embed is the residual stream's embed dimension between
+blocks (MaxText's `activation_embed`); no table maps it: `get_rules(name, shard_activations=True)` maps it to the
+tensor axis (`model`) as MaxText's rules do, so the residual stream and what remat saves of it are split over the
+tensor-parallel group (reduce-scatter after the attention and MLP outputs, all-gather before the next projections,
+in place of Megatron's all-reduce).
 Mesh axes (partitioning/mesh.py): data, model, expert, seq, stage.
 
 A rule maps a logical axis to a tuple of mesh axes. Applying a table to one array (partitioning/shard.py):
@@ -29,7 +33,8 @@ import dataclasses
 from partitioning.mesh import MESH_AXES
 from workbench.errors import WorkbenchError
 
-LOGICAL_AXES = ("batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "experts", "layers")
+LOGICAL_AXES = ("batch", "seq", "embed", "act_embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "experts",
+                "layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +104,24 @@ def strategies() -> list[str]:
     return list(STRATEGIES)
 
 
-def get_rules(strategy: str | Rules) -> Rules:
-    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp)."""
+def get_rules(strategy: str | Rules, shard_activations: bool = False) -> Rules:
+    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp).
+
+    shard_activations: also split the residual stream's embed dimension (act_embed) over the tensor axis, MaxText's
+    activation_embed rule; only for the strategies with tensor parallelism."""
     if isinstance(strategy, Rules):
-        return strategy
-    if strategy not in STRATEGIES:
+        rules = strategy
+    elif strategy not in STRATEGIES:
         raise WorkbenchError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    return Rules(strategy, STRATEGIES[strategy])
+    else:
+        rules = Rules(strategy, STRATEGIES[strategy])
+    if not shard_activations or rules.mesh_axes_for("act_embed"):
+        return rules
+    tensor = rules.mesh_axes_for("heads")
+    if not tensor:
+        raise WorkbenchError(f"--shard-activations splits the residual stream over the tensor axis; {rules.name} has "
+                             "none: use tp, fsdp+tp, sp, ep or a pp+tp strategy")
+    return Rules(f"{rules.name}+act_embed", rules.table + (("act_embed", tensor),))
 
 
 def rules_from_pairs(name: str, pairs) -> Rules:

@@ -219,7 +219,7 @@ def test_kv_cache_decode_matches_full_forward(overrides):
             prefill(model, tok, max_len=1000)
 
 
-@pytest.mark.parametrize("remat,scan", [("per-layer", False), ("dots", False), ("dots", True)])
+@pytest.mark.parametrize("remat,scan", [("per-layer", False), ("dots", False), ("dots", True), ("minimal", True)])
 def test_remat_gives_the_same_gradients(remat, scan):
     cfg = get_config("tiny", f"n_layers=2,seq_len=16,scan_layers={str(scan).lower()}")
     tok = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)

@@ -32,7 +32,8 @@ needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu no
     (dict(target="tpu-v5e:3x3"), "does not come in a 3x3"),
     (dict(preset="gpt5"), "unknown model preset"),
     (dict(strategy="ep"), "mixture-of-experts"),
-    (dict(remat="sometimes"), "choose none, per-layer, dots, offload or auto"),
+    (dict(remat="sometimes"), "choose none, per-layer, dots, minimal, offload or auto"),
+    (dict(shard_activations=True), "has none: use tp, fsdp+tp"),
 ])
 def test_bad_input_is_one_line(kw, words):
     spec = wp.PredictSpec(**{**dict(preset="tiny", target="tpu-v5e:2x2", strategy="fsdp"), **kw})

@@ -81,6 +81,22 @@ def test_loss_and_grads_agree_across_strategies_bf16():
 
 
 @pytest.mark.compile_heavy
+def test_sharded_activations_give_the_same_gradients_and_split_the_residual():
+    """MaxText's activation_embed rule (get_rules(..., shard_activations=True)): the residual stream's embed dimension
+    over the tensor axis changes where the partial sums are reduced (reduce-scatter + all-gather in place of
+    all-reduce), not the step's arithmetic."""
+    from partitioning.rules import get_rules
+
+    cfg = get_config("tiny", "seq_len=32,n_layers=1")
+    mesh = make_mesh("data=2,model=4")
+    rules = get_rules("fsdp+tp", shard_activations=True)
+    assert rules.mesh_axes_for("act_embed") == ("model",) and get_rules("fsdp+tp").mesh_axes_for("act_embed") == ()
+    _compare(_loss_and_grads(cfg, "fsdp+tp", mesh), _loss_and_grads(cfg, rules, mesh), "float32")
+    with pytest.raises(WorkbenchError, match="has none"):
+        get_rules("fsdp", shard_activations=True)
+
+
+@pytest.mark.compile_heavy
 def test_microbatching_gives_the_same_gradients():
     cfg = get_config("tiny", "seq_len=32,n_layers=1")
     mesh = make_mesh("data=2,model=4")

@@ -107,6 +107,9 @@ def register(app: typer.Typer) -> None:
         gpu_compiler: str = typer.Option("auto", "--gpu-compiler",
                                          help="GPU targets: auto | xla-gpu (deviceless, needs the JAX CUDA plugin) "
                                               "| cpu-sim (compile for simulated CPU devices)"),
+        shard_activations: bool = typer.Option(False, "--shard-activations",
+                                               help="tensor-parallel strategies: split the residual stream's embed "
+                                                    "over the tensor axis too (MaxText's activation_embed rule)"),
         compile_anyway: bool = typer.Option(False, "--compile-anyway",
                                             help="compile even when the sharded state alone exceeds HBM"),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
@@ -123,7 +126,7 @@ def register(app: typer.Typer) -> None:
         spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
                            mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
                            gpu_compiler=gpu_compiler, pipeline_repeats=pipeline_repeats,
-                           pipeline_schedule=pipeline_schedule)
+                           pipeline_schedule=pipeline_schedule, shard_activations=shard_activations)
         con = stderr_console()
         with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
             r = predict(spec, compile_anyway=compile_anyway)

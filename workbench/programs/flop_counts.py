@@ -28,7 +28,9 @@ from models.analytics import analytics
 # matmul (the MLP down projection feeds only the next layer's input, which is the saved checkpoint) and, with
 # offload, the q/k/v projections (their outputs come back from host memory). Measured on libtpu's HLO of an unrolled
 # 6-layer program: the recomputed dots match this count exactly (docs/accuracy-tpu.md).
-REMATS_RECOMPUTING = ("per-layer", "offload")
+# With minimal (MaxText's policy: only the weight matmuls' outputs are saved) the backward recomputes the attention
+# matmuls (QK^T and PV, which have batch dimensions) and nothing else of the dots.
+REMATS_RECOMPUTING = ("per-layer", "offload", "minimal")
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
     analytic: float        # per device, the model convention
@@ -67,8 +69,11 @@ def remat_factor(cfg, mode: str, seq: int) -> float:
         return 1.0
     a = analytics(cfg, seq)
     part = layer_forward_flops(cfg, seq)
-    skip = {"mlp_down"} | ({"qkv"} if cfg.remat == "offload" else set())
-    recompute = cfg.n_layers * sum(v for p, v in part.items() if p not in skip)
+    if cfg.remat == "minimal":
+        recompute = cfg.n_layers * part["attention"]
+    else:
+        skip = {"mlp_down"} | ({"qkv"} if cfg.remat == "offload" else set())
+        recompute = cfg.n_layers * sum(v for p, v in part.items() if p not in skip)
     return 1.0 + recompute / a["train_flops_per_token"]
 
 

@@ -72,6 +72,7 @@ class PredictSpec:
     gpu_compiler: str = "auto"       # GPU targets: auto | xla-gpu (deviceless XLA:GPU) | cpu-sim
     pipeline_repeats: int = 1        # pp strategies: virtual stages per device (models/pipeline.py)
     pipeline_schedule: str = "gpipe"  # pp strategies: gpipe (circular when repeats > 1) | 1f1b
+    shard_activations: bool = False  # the residual stream's embed over the tensor axis (MaxText's activation_embed)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -169,14 +170,15 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
     """(jitted step, abstract args tuple, abstract state) for the spec's mode, from the models' own builders."""
 
     policy = get_policy(spec.policy)
+    rules = get_rules(spec.strategy, shard_activations=spec.shard_activations)
     if spec.mode == "train":
 
-        out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=spec.strategy, batch_size=batch,
+        out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=rules, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True,
                                      pipeline_repeats=spec.pipeline_repeats,
                                      pipeline_schedule=spec.pipeline_schedule)
         return _unpack_step(out)
-    return build_inference_step(cfg, policy, mesh, spec.strategy, batch, seq, spec.mode)
+    return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode)
 
 
 def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str):
@@ -296,6 +298,7 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
         raise WorkbenchError("--microbatches applies to --mode train only")
     if get_strategy(spec.strategy).pipelined and spec.mode != "train":
         raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
+    get_rules(spec.strategy, shard_activations=spec.shard_activations)  # a strategy without a tensor axis: one line
     pipe, stacked = train.pipeline_for(cfg, spec.strategy, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
                                        spec.pipeline_repeats, spec.pipeline_schedule, batch, spec.policy)
     if stacked is not cfg:
@@ -409,8 +412,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         "target": target.name, "target_kind": target.kind, "chip": chip_spec(target).name, "n_chips": target.n_chips,
         "n_devices": n, "devices_per_chip": target.devices_per_chip, "device_spec": hw.name,
         "target_description": target.describe(),
-        "preset": spec.preset, "strategy": spec.strategy, "mode": spec.mode,
-        "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
+        "preset": spec.preset, "strategy": spec.strategy, "shard_activations": spec.shard_activations,
+        "mode": spec.mode, "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
         "tokens_per_step": tokens, "remat": lw.cfg.remat, "microbatches": spec.microbatches,
         "policy": spec.policy, "compute_dtype": compute_dtype, "priced_dtype": priced_dtype(spec.policy),
         "compiler": lw.compiler,

@@ -49,9 +49,12 @@ class PublishedRun:
 
     def spec(self):
         r = self.row
+        # MaxText splits the activations' embed over its tensor axis (logical rule activation_embed -> tensor)
+        shard = r["framework"] == "MaxText" and "model=" in r["mesh"]
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
                            batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat_here"],
-                           microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides())
+                           microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides(),
+                           shard_activations=shard)
 
     def published_step(self, model_flops_per_step: float) -> tuple[float | None, str]:
         """The published step time: stated, or from tokens/s per chip, or from model TFLOP/s per chip (the same
