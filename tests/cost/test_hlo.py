@@ -183,3 +183,23 @@ def test_a_custom_calls_declared_cost_is_read_in_either_json_form():
     assert custom_call_cost('backend_config="{\\"cost_estimate\\": {\\"flops\\": 7e3, \\"transcendentals\\": 0}}"') \
         == (7000.0, 0.0)
     assert custom_call_cost('custom_call_target="Sharding"') == (0.0, 0.0)
+
+
+def test_reductions_and_narrow_float_conversions_are_counted_per_kernel():
+    """unit_counts: a reduce's operand elements; converts between float32 and bf16 (either way) per element, none
+    for an int -> float convert."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.cost.hlo import parse_kernels
+
+    n = 1 << 12
+    ks = parse_kernels(jax.jit(lambda x: x.sum(1)).lower(jax.ShapeDtypeStruct((n, 32), jnp.float32)).compile().as_text())
+    assert sum(k.reduce_elements * k.count for k in ks) == n * 32
+    assert sum(k.convert_elements for k in ks) == 0
+    f = jax.jit(lambda x: (x.astype(jnp.float32) * 3.0).astype(jnp.bfloat16))
+    ks = parse_kernels(f.lower(jax.ShapeDtypeStruct((n,), jnp.bfloat16)).compile().as_text())
+    assert sum(k.convert_elements * k.count for k in ks) == 2 * n
+    ks = parse_kernels(jax.jit(lambda i: i.astype(jnp.float32) + 1).lower(
+        jax.ShapeDtypeStruct((n,), jnp.int32)).compile().as_text())
+    assert sum(k.convert_elements for k in ks) == 0

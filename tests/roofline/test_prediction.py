@@ -144,3 +144,33 @@ def test_a_matmul_on_a_catalogue_chip_by_hand():
     assert p.memory_s == pytest.approx(4 * (m * k + k * n + m * n) / 3.35e12, rel=1e-9)
     assert p.bound == "compute" and p.comm_s == 0.0
     assert p.predicted_s == pytest.approx(2 * m * n * k / 67e12, rel=1e-9)  # one kernel, compute-bound
+
+
+def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
+    """A kernel's compute is the slowest of its arithmetic, its reductions (elements at the calibrated reduction
+    rate: from the cache when it is priced at the in-cache bandwidth) and its float32 <-> bf16 conversions."""
+    from workbench.roofline.prediction import kernel_roof
+
+    host = dataclasses.replace(CHIP, kind="cpu", reduce_per_s=1e9, reduce_per_s_cached=4e9, convert_per_s=2e9,
+                               onchip_bw=4e12)
+    red = KernelCost("r", "kInput", "", 4e8, 4e2, 1e8, 0, reduce_elements=1e8)
+    assert kernel_roof(red, host, "float32", 1e12) == pytest.approx((1e8 / 1e9, 4e8 / 1e12))
+    assert kernel_roof(red, host, "float32", 4e12)[0] == pytest.approx(1e8 / 4e9)
+    conv = KernelCost("c", "kLoop", "", 2e8, 2e8, 7e8, 0, convert_elements=1.4e9)
+    assert kernel_roof(conv, host, "float32", 1e12)[0] == pytest.approx(1.4e9 / 2e9)
+    # not calibrated (a catalogue chip): arithmetic only
+    assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
+
+
+def test_a_simulated_mesh_prices_its_dots_at_the_concurrent_curve():
+    """mesh_pricing: on a simulated mesh the dots are priced at the curve measured with every device multiplying
+    at once; one device (or no such curve) keeps the one-dot curve."""
+    from workbench.roofline.prediction import mesh_pricing
+
+    host = dataclasses.replace(CHIP, kind="cpu", matmul_curve=((64, 1e12), (4096, 10e12)),
+                               matmul_curve_mesh=((64, 3e12), (4096, 10e12)))
+    assert mesh_pricing(host, False) is host
+    m = mesh_pricing(host, True)
+    assert m.matmul_rate(64, "float32") == pytest.approx(3e12) and host.matmul_rate(64, "float32") == pytest.approx(1e12)
+    assert mesh_pricing(m, True).peak_flops == m.peak_flops  # idempotent
+    assert mesh_pricing(dataclasses.replace(host, matmul_curve_mesh=None), True).matmul_curve == host.matmul_curve

@@ -260,6 +260,8 @@ class KernelCost:
     dot_size: float = 0.0  # cube root of m·n·k of the largest dot (per batch element); 0 without dots
     ops: tuple[tuple[str, int], ...] = ()  # the HLO ops inside, count by opcode (an unfused op: itself)
     library: str = ""  # a custom fusion's library kind from its backend config ('__ynn_fusion', ...); else ''
+    reduce_elements: float = 0.0  # elements its reductions consume (the reduced operands' sizes)
+    convert_elements: float = 0.0  # elements it converts between float32 and a narrower float (bf16, f16, fp8)
 
     @property
     def bytes(self) -> float:
@@ -334,6 +336,32 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
             f, t = custom_call_cost(ins.attrs)
             flops, trans = flops + f, trans + t
     return flops, trans, dot_flops, dot_size
+
+
+NARROW_FLOATS = {"bf16", "f16", "f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz", "f8e3m4", "f4e2m1fn",
+                 "f8e8m0fnu"}
+
+
+def unit_counts(instrs: list[Instr], shapes: dict[str, Shape], mod: "Module | None" = None,
+                depth: int = 0) -> tuple[float, float]:
+    """(elements reduced, elements converted between float32 and a narrower float) by a computation's ops, nested
+    fusions opened: the work of the two kernel forms whose throughput, not their bytes, bounds them on a CPU (a
+    reduction's dependent adds; a bf16 <-> float32 conversion emulated with integer ops where the ISA has none)."""
+    red = conv = 0.0
+    for ins in instrs:
+        if ins.opcode == "fusion" and mod is not None and depth < 4:
+            r, c = unit_counts(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), shapes, mod,
+                               depth + 1)
+            red, conv = red + r, conv + c
+        elif ins.opcode == "reduce" and ins.operands:
+            src = shapes.get(ins.operands[0])
+            red += src.elements if src else 0
+        elif ins.opcode == "convert" and ins.operands:
+            src, out = shapes.get(ins.operands[0]), ins.shapes
+            if src is not None and out and {src.dtype, out[0].dtype} & NARROW_FLOATS and \
+                    {src.dtype, out[0].dtype} & {"f32"}:
+                conv += out[0].elements
+    return red, conv
 
 
 _COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
@@ -496,6 +524,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize = _computation_cost(body, shapes, mod)
+                red, conv = unit_counts(body, shapes, mod)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
                 ops = _opcode_counts(_fused_ops(body, mod))
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
@@ -503,13 +532,14 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 ops, library = ((op, 1),), ""
                 kind = op
                 flops, trans, dflops, dsize = _computation_cost([ins], shapes)
+                red, conv = unit_counts([ins], shapes)
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
                     # in place: reads and writes the update, not the whole buffer
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  bytes_out, flops, trans, m, dflops, dsize, ops, library))
+                                  bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv))
     return out
 
 

@@ -72,9 +72,16 @@ class HardwareSpec:
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
     matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
+    # host only: the same with 8 simulated devices each multiplying its own n³ at once (the host's FLOP/s, all of
+    # them together): what a simulated mesh's dots are priced at
+    matmul_curve_mesh: tuple[tuple[float, float], ...] | None = None
     hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
     collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
+    # host only: elements/s XLA's reduction kernels consume, from memory and from the last-level cache
+    reduce_per_s: float | None = None
+    reduce_per_s_cached: float | None = None
+    convert_per_s: float | None = None  # host only: float32 <-> bf16 conversions/s inside fused elementwise kernels
 
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,

@@ -8,6 +8,10 @@ Measured (through the one harness, workbench.measure.harness; median and IQR ove
   written;
 - special-function throughput (exp, tanh, log) through XLA: a chain of 2 dependent applications on an
   in-cache array, results/s — on CPUs these bound many elementwise fusions before memory does.
+- reduction throughput: the elements/s a sum consumes, over the stream's buffer and over an in-cache one (a
+  reduction kernel is bounded by its dependent adds before the memory: `reduce`);
+- float32 <-> bf16 conversion throughput inside fused elementwise kernels (`convert`): on a CPU without bf16
+  arithmetic every bf16 op is computed in float32 between two conversions.
 Derived (physical peak per dtype) from CPU features, documented in docs/hardware.md:
     cores × SIMD lanes (avx512f: 16 f32, avx2: 8) × FMA pipes × 2 FLOP/FMA × clock
     bfloat16: ×2 with avx512_bf16 (VDPBF16PS: two bf16 products per f32 lane); AMX (amx_bf16): 1024 FLOP/cycle/core
@@ -38,7 +42,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 10
+CALIBRATION_VERSION = 11
 
 
 def cache_dir() -> str:
@@ -359,6 +363,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     mc = measure_steps(step_c, warmup=3, repeats=reps, guard=sf)
     out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": 2.0 * nel_c * 4 / mc.median_s,
                            "spread": mc.spread, "counted": "bytes read + bytes written"}
+    out["reduce"] = measure_reduce(state["x"], state_c["x"], reps, quiet)
+    out["convert"] = measure_convert(dev, reps, quiet)
     state_c.clear()
     _say("calibrate: first-touch cost of fresh large outputs (same kernel, new output buffer each call)", quiet)
     xs = state.pop("x")
@@ -398,6 +404,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     if not quick:
         _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
         out["rendezvous"] = measure_rendezvous(8, 5)
+        _say("calibrate: float32 matmul rate against size with 8 simulated devices multiplying at once", quiet)
+        out["matmul_curve_mesh"] = measure_mesh_matmul_curve(8)
     stream_samples.append(_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "end")[0])
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
@@ -408,6 +416,51 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                                f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
     out["findings"] += peak_findings(out)
     return out
+
+
+def measure_reduce(big, cached, reps: int, quiet: bool) -> dict:
+    """Elements/s a reduction kernel consumes: a sum over the stream's buffer (far beyond the last-level cache) and
+    over the in-cache buffer. On this project's Zen 3 VMs the first runs at about half the stream's bandwidth: the
+    reduction's dependent adds, not the memory, bound it (docs/accuracy.md)."""
+    import jax
+
+    out = {}
+    for key, x in (("from_memory", big), ("in_cache", cached)):
+        _say(f"calibrate: reduction throughput ({key.replace('_', ' ')}, {x.size * 4 / 2**20:.0f} MiB)", quiet)
+        c = jax.jit(lambda v: v.sum()).lower(x).compile()
+        m = measure(c, x, warmup=2, repeats=reps)
+        out[key] = {"per_s": x.size / m.median_s, "elements": int(x.size), "spread": m.spread}
+    out["how"] = "jnp.sum of a float32 vector: elements / median time"
+    return out
+
+
+def measure_convert(dev, reps: int, quiet: bool) -> dict:
+    """float32 <-> bf16 conversions/s inside fused elementwise kernels: two chains of bf16 multiply-adds (4 and 16
+    deep) over an in-cache vector; the conversions XLA put in each (counted from its HLO, as the kernel model
+    counts them) over the time the longer chain took beyond the shorter one."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 1 << 18
+    x = jax.device_put(jnp.ones((n,), jnp.bfloat16), dev)
+
+    def chain(depth):
+        def f(y):
+            for i in range(depth):
+                y = y * (1.0 + 0.25 * i) + 0.5
+            return y
+        return f
+
+    _say("calibrate: float32 <-> bf16 conversion throughput (bf16 chains, 4 and 16 deep)", quiet)
+    t, conv = {}, {}
+    for depth in (4, 16):
+        c = jax.jit(chain(depth)).lower(x).compile()
+        conv[depth] = sum(k.convert_elements * k.count for k in parse_kernels(c.as_text()))
+        t[depth] = measure(c, x, warmup=2, repeats=reps).median_s
+    dc, dt = conv[16] - conv[4], t[16] - t[4]
+    return {"per_s": dc / dt if dc > 0 and dt > 0 else None, "converted_elements": conv, "seconds": t,
+            "how": "bf16 multiply-add chains 16 and 4 deep over 2^18 in-cache elements: extra conversions / extra "
+                   "time"}
 
 
 def _stream_sample(sf, nel: int, dev, reps: int, quiet: bool, when: str):
@@ -475,9 +528,13 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
+        matmul_curve_mesh=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve_mesh") or ()) or None,
         hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
         collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
+        reduce_per_s=((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s"),
+        reduce_per_s_cached=((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"),
+        convert_per_s=(cal.get("convert") or {}).get("per_s"),
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
@@ -559,6 +616,43 @@ for _ in range(int(sys.argv[3])):
 ts.sort()
 print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
 """
+
+
+MESH_MATMUL_SCRIPT = r"""
+import json, sys, time
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+n_dev = int(sys.argv[1]); reps = int(sys.argv[2])
+mesh = Mesh(jax.devices()[:n_dev], ("d",))
+out = []
+for n in (int(v) for v in sys.argv[3].split(",")):
+    x = jax.device_put(jax.random.normal(jax.random.key(1), (n_dev * n, n), jnp.float32), NamedSharding(mesh, P("d")))
+    w = jax.device_put(jax.random.normal(jax.random.key(2), (n, n), jnp.float32), NamedSharding(mesh, P()))
+    c = jax.jit(lambda a, b: a @ b, out_shardings=NamedSharding(mesh, P("d"))).lower(x, w).compile()
+    for _ in range(2): jax.block_until_ready(c(x, w))
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); jax.block_until_ready(c(x, w)); ts.append(time.perf_counter() - t0)
+    ts.sort()
+    out.append({"n": n, "flops_per_s": n_dev * 2.0 * n ** 3 / ts[len(ts) // 2]})
+print(json.dumps(out))
+"""
+
+
+def measure_mesh_matmul_curve(n_devices: int = 8, reps: int = 7, sizes=(128, 256, 512, 1024, 2048)) -> list | None:
+    """The float32 matmul rate against size when every device of a simulated mesh runs its own n³ matmul at once
+    (a fresh process with `n_devices` CPU devices; a row-sharded x times a replicated w, no collective): the
+    devices' dots share the host's cores side by side, which a small dot alone cannot fill. The host's FLOP/s,
+    all devices together. None when the subprocess fails."""
+    try:
+        p = subprocess.run([sys.executable, "-c", MESH_MATMUL_SCRIPT, str(n_devices), str(reps),
+                            ",".join(map(str, sizes))], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
 
 
 def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:

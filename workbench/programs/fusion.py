@@ -711,7 +711,6 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
     """
     say = progress or (lambda s: None)
     measure_it = prog.local if measure_it is None else (measure_it and prog.local)
-    hw = _hw(prog)
     compiler = _compiler_name(prog.platform)
     notes: list[str] = []
     user_flag_variants = [flag_variant(t) for t in xla_flags]  # form checked before any compile
@@ -720,12 +719,13 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
     sources: dict[str, dict] = {}
 
     pipeline = cpu_pass_pipeline() if prog.platform == "cpu" else []
-    for pl in pass_lists:  # on XLA:CPU the whole pipeline is known before anything compiles
+    for pl in pass_lists:  # on XLA:CPU the whole pipeline is known before anything compiles (or calibrates)
         unknown = [p for p in pl if pipeline and p not in pipeline]
         if unknown:
             raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass of {compiler}'s pipeline; "
                                  "give comma-separated pass names from it, e.g. --disable-passes "
                                  "fusion,dot-library-rewriter (--list-passes shows them all)")
+    hw = _hw(prog)
     dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
     try:
         say(f"default: compiling {prog.name} for {prog.target}")

@@ -76,14 +76,23 @@ class Prediction:
 def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
     flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
-    transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw)."""
+    transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw).
+
+    On the host two more throughputs bound a kernel's compute where they are calibrated (workbench calibrate): the
+    elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when `bw`
+    is the in-cache bandwidth, else from memory), and its float32 <-> narrow-float conversions at the measured
+    conversion rate; the compute term is the slowest of the three."""
     rate = spec.transcendentals_per_s
     peak = spec.peak_flops[peak_dtype]
     t_trans = k.transcendentals / rate if rate else 0.0
     if spec.matmul_curve and k.dot_flops:
-        return k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans, \
-            k.bytes / bw
-    return k.flops / peak + t_trans, k.bytes / bw
+        arith = k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans
+    else:
+        arith = k.flops / peak + t_trans
+    red_rate = spec.reduce_per_s_cached if (spec.onchip_bw and bw == spec.onchip_bw) else spec.reduce_per_s
+    t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
+    t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
+    return max(arith, t_red, t_conv), k.bytes / bw
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +114,17 @@ def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None)
     kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw)
     launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
     return KernelTime(max(kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
+
+
+def mesh_pricing(spec: HardwareSpec, simulated_mesh: bool) -> HardwareSpec:
+    """The spec a simulated mesh's kernels are priced with: its dots at the matmul curve measured with every
+    device multiplying at once (the devices' small dots run side by side on the host's cores; one dot alone
+    leaves them part idle), where the calibration has that curve; `spec` itself otherwise."""
+    if not (simulated_mesh and spec.matmul_curve_mesh and spec.matmul_curve):
+        return spec
+    gain = max(1.0, max(r for _, r in spec.matmul_curve_mesh) / max(r for _, r in spec.matmul_curve))
+    return dataclasses.replace(spec, matmul_curve=spec.matmul_curve_mesh,
+                               peak_flops={k: v * gain for k, v in spec.peak_flops.items()})
 
 
 def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
@@ -133,6 +153,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     notes: list[str] = list(cost.notes)
     if simulated_mesh is None:
         simulated_mesh = spec.kind == "cpu" and cost.n_devices > 1
+    spec = mesh_pricing(spec, simulated_mesh)
     d = dtype_name(dtype or cost.compute_dtype)
     pdt = spec.peak_dtype(d)
     if pdt != d:
