@@ -93,9 +93,10 @@ def register(app: typer.Typer) -> None:
         batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
         mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
-        remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | offload (layer inputs and q/k/v "
-                                                          "to host memory) | auto (the preset's; per-layer when that "
-                                                          "does not fit)"),
+        remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | minimal (MaxText's: the weight "
+                                                          "matmuls' outputs saved, attention recomputed) | offload "
+                                                          "(layer inputs and q/k/v to host memory) | auto (the "
+                                                          "preset's; per-layer when that does not fit)"),
         microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step (pp "
                                          "strategies: the pipeline's microbatches)"),
         pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "

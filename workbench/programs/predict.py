@@ -65,7 +65,7 @@ class PredictSpec:
     batch: int | None = None         # global batch (sequences); None: 4 per chip... see default_batch
     seq: int | None = None           # tokens per sequence (decode: the KV-cache length); None: preset's seq_len
     mode: str = "train"
-    remat: str = "auto"              # none | per-layer | dots | auto (the preset's; per-layer when that does not fit)
+    remat: str = "auto"              # none | per-layer | dots | minimal | offload | auto (the preset's; per-layer when that does not fit)
     microbatches: int = 1
     policy: str = "bf16"
     overrides: str | None = None     # model config overrides 'k=v,k=v'
