@@ -162,15 +162,22 @@ def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
     assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
 
 
-def test_a_simulated_mesh_prices_its_dots_at_the_concurrent_curve():
-    """mesh_pricing: on a simulated mesh the dots are priced at the curve measured with every device multiplying
-    at once; one device (or no such curve) keeps the one-dot curve."""
-    from workbench.roofline.prediction import mesh_pricing
+def test_the_matmul_curve_is_read_as_its_running_maximum():
+    dip = dataclasses.replace(CHIP, matmul_curve=((512, 8e12), (1024, 5e12), (2048, 10e12)))
+    assert dip.matmul_rate(1024, "float32") == pytest.approx(8e12)  # the running maximum, not the dip
 
-    host = dataclasses.replace(CHIP, kind="cpu", matmul_curve=((64, 1e12), (4096, 10e12)),
-                               matmul_curve_mesh=((64, 3e12), (4096, 10e12)))
-    assert mesh_pricing(host, False) is host
-    m = mesh_pricing(host, True)
-    assert m.matmul_rate(64, "float32") == pytest.approx(3e12) and host.matmul_rate(64, "float32") == pytest.approx(1e12)
-    assert mesh_pricing(m, True).peak_flops == m.peak_flops  # idempotent
-    assert mesh_pricing(dataclasses.replace(host, matmul_curve_mesh=None), True).matmul_curve == host.matmul_curve
+
+def test_the_kernel_sum_is_checked_against_cost_analysis_in_its_convention():
+    """XLA's cost_analysis counts a convert as a flop and an exp only as a transcendental: a bf16 elementwise chain
+    (converts around every op) and a softmax are priced kernel by kernel, not by the program-level fallback."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.cost.compile import compile_program
+    from workbench.roofline.prediction import predict
+
+    for fn, arg in ((lambda x: x * 1.5 + 0.5, jax.ShapeDtypeStruct((1 << 12,), jnp.bfloat16)),
+                    (lambda x: jax.nn.softmax(x, -1), jax.ShapeDtypeStruct((64, 96), jnp.float32))):
+        c = compile_program(fn, arg)
+        p = predict(c.cost, CHIP)
+        assert not any("program-level roofline used" in n for n in p.notes), p.notes

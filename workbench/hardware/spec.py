@@ -72,9 +72,6 @@ class HardwareSpec:
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
     matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
-    # host only: the same with 8 simulated devices each multiplying its own n³ at once (the host's FLOP/s, all of
-    # them together): what a simulated mesh's dots are priced at
-    matmul_curve_mesh: tuple[tuple[float, float], ...] | None = None
     hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
     collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
@@ -85,14 +82,21 @@ class HardwareSpec:
 
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,
-        interpolated in log(size) and scaled to the dtype's peak; the peak where no curve was measured."""
+        interpolated in log(size) and scaled to the dtype's peak; the peak where no curve was measured. The curve is
+        read as its running maximum: a larger matmul reuses each operand byte more and is never slower per FLOP than
+        a smaller one, so a point below a smaller size's rate (a square size the library handles badly, or noise;
+        1024³ ran at 71 GFLOP/s between 512³ at 79 and 2048³ at 110 here while the training step's 2048×512×2048
+        dots ran at 100-130) does not price the sizes around it."""
         peak = self.peak(dtype)
         if not self.matmul_curve or size <= 0:
             return peak
         import math
 
-        pts = sorted(self.matmul_curve)
-        top = max(r for _, r in pts)
+        pts, best = [], 0.0
+        for n, r in sorted(self.matmul_curve):
+            best = max(best, r)
+            pts.append((n, best))
+        top = best
         if size <= pts[0][0]:
             r = pts[0][1]
         elif size >= pts[-1][0]:

@@ -42,7 +42,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 11
+CALIBRATION_VERSION = 13
 
 
 def cache_dir() -> str:
@@ -404,8 +404,6 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     if not quick:
         _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
         out["rendezvous"] = measure_rendezvous(8, 5)
-        _say("calibrate: float32 matmul rate against size with 8 simulated devices multiplying at once", quiet)
-        out["matmul_curve_mesh"] = measure_mesh_matmul_curve(8)
     stream_samples.append(_stream_sample(sf, nel, dev, max(3, reps // 3), quiet, "end")[0])
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
@@ -528,7 +526,6 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
-        matmul_curve_mesh=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve_mesh") or ()) or None,
         hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
         collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
@@ -616,43 +613,6 @@ for _ in range(int(sys.argv[3])):
 ts.sort()
 print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
 """
-
-
-MESH_MATMUL_SCRIPT = r"""
-import json, sys, time
-import jax
-jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
-import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-n_dev = int(sys.argv[1]); reps = int(sys.argv[2])
-mesh = Mesh(jax.devices()[:n_dev], ("d",))
-out = []
-for n in (int(v) for v in sys.argv[3].split(",")):
-    x = jax.device_put(jax.random.normal(jax.random.key(1), (n_dev * n, n), jnp.float32), NamedSharding(mesh, P("d")))
-    w = jax.device_put(jax.random.normal(jax.random.key(2), (n, n), jnp.float32), NamedSharding(mesh, P()))
-    c = jax.jit(lambda a, b: a @ b, out_shardings=NamedSharding(mesh, P("d"))).lower(x, w).compile()
-    for _ in range(2): jax.block_until_ready(c(x, w))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter(); jax.block_until_ready(c(x, w)); ts.append(time.perf_counter() - t0)
-    ts.sort()
-    out.append({"n": n, "flops_per_s": n_dev * 2.0 * n ** 3 / ts[len(ts) // 2]})
-print(json.dumps(out))
-"""
-
-
-def measure_mesh_matmul_curve(n_devices: int = 8, reps: int = 7, sizes=(128, 256, 512, 1024, 2048)) -> list | None:
-    """The float32 matmul rate against size when every device of a simulated mesh runs its own n³ matmul at once
-    (a fresh process with `n_devices` CPU devices; a row-sharded x times a replicated w, no collective): the
-    devices' dots share the host's cores side by side, which a small dot alone cannot fill. The host's FLOP/s,
-    all devices together. None when the subprocess fails."""
-    try:
-        p = subprocess.run([sys.executable, "-c", MESH_MATMUL_SCRIPT, str(n_devices), str(reps),
-                            ",".join(map(str, sizes))], capture_output=True, text=True, timeout=600,
-                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
 
 
 def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:

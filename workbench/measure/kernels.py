@@ -38,7 +38,7 @@ from typing import Any, Callable
 from partitioning.collectives import collective_time
 from workbench.cost.hlo import COLLECTIVE_KINDS, ELEMENTWISE_FLOP_OPS, Instr, Module, parse_collectives, parse_kernels, parse_module
 from workbench.hardware.spec import HardwareSpec
-from workbench.roofline.prediction import host_interconnect, kernel_time, mesh_pricing
+from workbench.roofline.prediction import host_interconnect, kernel_time
 
 KERNEL_CLASSES = ("dot", "dot-fusion", "elementwise/reduce", "copy/transpose", "collective", "loop-control")
 CONTROL_OPS = ("while", "call", "conditional")
@@ -300,7 +300,6 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
     if simulated_mesh is None:
         simulated_mesh = spec.kind == "cpu" and n_devices > 1
-    spec = mesh_pricing(spec, simulated_mesh)
     mult = n_devices if simulated_mesh else 1
     bw = memory_bw or spec.hbm_bw
     ic = host_interconnect(spec, bw) if simulated_mesh else spec.interconnect

@@ -89,7 +89,8 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[floa
         arith = k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans
     else:
         arith = k.flops / peak + t_trans
-    red_rate = spec.reduce_per_s_cached if (spec.onchip_bw and bw == spec.onchip_bw) else spec.reduce_per_s
+    in_cache = bool(spec.onchip_bw and bw == spec.onchip_bw)
+    red_rate = spec.reduce_per_s_cached if in_cache else spec.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
     return max(arith, t_red, t_conv), k.bytes / bw
@@ -114,17 +115,6 @@ def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None)
     kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw)
     launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
     return KernelTime(max(kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
-
-
-def mesh_pricing(spec: HardwareSpec, simulated_mesh: bool) -> HardwareSpec:
-    """The spec a simulated mesh's kernels are priced with: its dots at the matmul curve measured with every
-    device multiplying at once (the devices' small dots run side by side on the host's cores; one dot alone
-    leaves them part idle), where the calibration has that curve; `spec` itself otherwise."""
-    if not (simulated_mesh and spec.matmul_curve_mesh and spec.matmul_curve):
-        return spec
-    gain = max(1.0, max(r for _, r in spec.matmul_curve_mesh) / max(r for _, r in spec.matmul_curve))
-    return dataclasses.replace(spec, matmul_curve=spec.matmul_curve_mesh,
-                               peak_flops={k: v * gain for k, v in spec.peak_flops.items()})
 
 
 def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
@@ -153,7 +143,6 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     notes: list[str] = list(cost.notes)
     if simulated_mesh is None:
         simulated_mesh = spec.kind == "cpu" and cost.n_devices > 1
-    spec = mesh_pricing(spec, simulated_mesh)
     d = dtype_name(dtype or cost.compute_dtype)
     pdt = spec.peak_dtype(d)
     if pdt != d:
@@ -203,8 +192,11 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     t_comm = sum(comm_by_kind.values())
 
     # kernel-level roofline (each kernel bounded by its own roof)
-    kflops = sum(k.flops * k.count for k in cost.kernels)
-    ref = cost.hlo_flops if use_hlo else cost.flops
+    if use_hlo:
+        kflops, ref = sum(k.flops * k.count for k in cost.kernels), cost.hlo_flops
+    else:  # against cost_analysis, in its convention: transcendentals apart, every convert one flop
+        kflops = sum((k.flops - k.transcendentals + k.convert_elements) * k.count for k in cost.kernels)
+        ref = cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
         t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw).seconds * k.count for k in cost.kernels)
         t_kernels = t_kernels * mult + t_touch
