@@ -9,7 +9,8 @@ Terms (seconds):
                       small memory-bound fusions is not saved by one big compute-bound matmul). On the host a
                       kernel's matmuls run at the measured rate for their size (calibrate's rate-against-size
                       curve), not at the peak. Used when the HLO kernel flops account for the compiler's total
-                      (within 10%); otherwise max(compute_s, memory_s) and a note says why.
+                      (within 10%, counted in cost_analysis's convention when there are no loops); otherwise
+                      max(compute_s, memory_s) and a note says why.
     predicted_serial_s  = kernel_s + comm_s            (no compute/communication overlap)
     predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline) — except on a simulated
                           mesh, where collectives are copies on the same cores as the kernels: kernel_s + comm_s
@@ -194,7 +195,8 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     # kernel-level roofline (each kernel bounded by its own roof)
     if use_hlo:
         kflops, ref = sum(k.flops * k.count for k in cost.kernels), cost.hlo_flops
-    else:  # against cost_analysis, in its convention: transcendentals apart, every convert one flop
+    else:  # against cost_analysis, in its convention: transcendentals apart, a convert one flop (the reader counts
+        #   the float32 <-> narrow-float ones; other converts are rare in these programs)
         kflops = sum((k.flops - k.transcendentals + k.convert_elements) * k.count for k in cost.kernels)
         ref = cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
