@@ -186,8 +186,8 @@ def test_a_custom_calls_declared_cost_is_read_in_either_json_form():
 
 
 def test_reductions_and_narrow_float_conversions_are_counted_per_kernel():
-    """unit_counts: a reduce's operand elements; converts between float32 and bf16 (either way) per element, none
-    for an int -> float convert."""
+    """A kernel's reduce_elements are its reduces' operand elements; convert_elements count converts between float32
+    and bf16 (either way) per element, none for an int -> float convert."""
     import jax
     import jax.numpy as jnp
 

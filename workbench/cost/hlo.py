@@ -295,17 +295,25 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(d) for d in re.findall(r"\d+", attr(attrs, key) or ""))
 
 
+# float types narrower than float32 (bf16, f16, the fp8 and fp4 formats)
+NARROW_FLOATS = {d for d, b in DTYPE_BYTES.items() if d.startswith(("f", "bf")) and 0 < b < 4}
+
+
 def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Module | None" = None,
-                      depth: int = 0) -> tuple[float, float, float, float]:
-    """(flops, transcendentals, dot flops, size of the largest dot) of a computation's ops. A dot's size is the cube
-    root of m·n·k per batch element: what decides how close a matmul library gets to peak. With `mod`, fusions nested
-    inside the computation (libtpu nests convolution fusions in output fusions) are counted too."""
-    flops = trans = dot_flops = dot_size = 0.0
+                      depth: int = 0) -> tuple[float, float, float, float, float, float]:
+    """(flops, transcendentals, dot flops, size of the largest dot, elements reduced, elements converted between
+    float32 and a narrower float) of a computation's ops. A dot's size is the cube root of m·n·k per batch element:
+    what decides how close a matmul library gets to peak. The last two are the work of the kernel forms whose
+    throughput, not their bytes, bounds them on a CPU (a reduction's dependent adds; a bf16 <-> float32 conversion
+    emulated with integer ops where the ISA has none). With `mod`, fusions nested inside the computation (libtpu
+    nests convolution fusions in output fusions) are counted too."""
+    flops = trans = dot_flops = dot_size = red = conv = 0.0
     for ins in instrs:
         if ins.opcode == "fusion" and mod is not None and depth < 4:
-            f, t, df, ds = _computation_cost(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []),
-                                             shapes, mod, depth + 1)
+            f, t, df, ds, r, c = _computation_cost(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"),
+                                                                        []), shapes, mod, depth + 1)
             flops, trans, dot_flops, dot_size = flops + f, trans + t, dot_flops + df, max(dot_size, ds)
+            red, conv = red + r, conv + c
             continue
         out = ins.shapes
         n = out[0].elements if out else 0
@@ -332,36 +340,16 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
         elif ins.opcode == "reduce" and ins.operands:
             src = shapes.get(ins.operands[0])
             flops += src.elements if src else 0
+            red += src.elements if src else 0
+        elif ins.opcode == "convert" and ins.operands:
+            src = shapes.get(ins.operands[0])
+            pair = {src.dtype, out[0].dtype} if src is not None and out else set()
+            if pair & NARROW_FLOATS and "f32" in pair:
+                conv += n
         elif ins.opcode == "custom-call":
             f, t = custom_call_cost(ins.attrs)
             flops, trans = flops + f, trans + t
-    return flops, trans, dot_flops, dot_size
-
-
-NARROW_FLOATS = {"bf16", "f16", "f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz", "f8e3m4", "f4e2m1fn",
-                 "f8e8m0fnu"}
-
-
-def unit_counts(instrs: list[Instr], shapes: dict[str, Shape], mod: "Module | None" = None,
-                depth: int = 0) -> tuple[float, float]:
-    """(elements reduced, elements converted between float32 and a narrower float) by a computation's ops, nested
-    fusions opened: the work of the two kernel forms whose throughput, not their bytes, bounds them on a CPU (a
-    reduction's dependent adds; a bf16 <-> float32 conversion emulated with integer ops where the ISA has none)."""
-    red = conv = 0.0
-    for ins in instrs:
-        if ins.opcode == "fusion" and mod is not None and depth < 4:
-            r, c = unit_counts(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), shapes, mod,
-                               depth + 1)
-            red, conv = red + r, conv + c
-        elif ins.opcode == "reduce" and ins.operands:
-            src = shapes.get(ins.operands[0])
-            red += src.elements if src else 0
-        elif ins.opcode == "convert" and ins.operands:
-            src, out = shapes.get(ins.operands[0]), ins.shapes
-            if src is not None and out and {src.dtype, out[0].dtype} & NARROW_FLOATS and \
-                    {src.dtype, out[0].dtype} & {"f32"}:
-                conv += out[0].elements
-    return red, conv
+    return flops, trans, dot_flops, dot_size, red, conv
 
 
 _COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
@@ -494,7 +482,7 @@ def array_shapes(mod: Module) -> dict[str, Shape]:
 
 def computation_cost(instrs: list[Instr], shapes: dict[str, Shape]) -> tuple[float, float, float, float]:
     """(flops, transcendentals, dot flops, largest dot size) of a list of instructions (see _computation_cost)."""
-    return _computation_cost(instrs, shapes)
+    return _computation_cost(instrs, shapes)[:4]
 
 
 def called_computation(ins: Instr) -> str:
@@ -523,16 +511,14 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 kind = (attr(ins.attrs, "kind") or "fusion")
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
-                flops, trans, dflops, dsize = _computation_cost(body, shapes, mod)
-                red, conv = unit_counts(body, shapes, mod)
+                flops, trans, dflops, dsize, red, conv = _computation_cost(body, shapes, mod)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
                 ops = _opcode_counts(_fused_ops(body, mod))
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
             else:
                 ops, library = ((op, 1),), ""
                 kind = op
-                flops, trans, dflops, dsize = _computation_cost([ins], shapes)
-                red, conv = unit_counts([ins], shapes)
+                flops, trans, dflops, dsize, red, conv = _computation_cost([ins], shapes)
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
                     # in place: reads and writes the update, not the whole buffer
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
