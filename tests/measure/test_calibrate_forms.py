@@ -18,3 +18,17 @@ def test_calibration_keeps_the_faster_form_and_names_the_slower():
                 assert any(line.startswith(f"XLA:CPU {dt} matmul") and f"with a {rt} result" in line
                            and "bf16 arithmetic: none" in line for line in findings), findings
     assert bf16_isa(["avx512f", "avx512_bf16"]) == "avx512_bf16" and bf16_isa(["amx_bf16", "avx512_bf16"]) == "amx_bf16"
+
+
+def test_out_of_place_stream_kernel_writes_a_second_buffer():
+    """The stream calibration's kernel: each trip reads x and writes the other carry buffer (never read), so the
+    result is the last trip's a·x + b, and its loop body is one fusion whose operand is not its output's slot."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from workbench.measure.calibrate import _oop_loop, stream_out_of_place
+
+    x = jnp.arange(4096, dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(_oop_loop(3)(x)), np.asarray(x) * 1.0001 + 2.0, rtol=1e-6)
+    r = stream_out_of_place(jnp.ones((1 << 20,), jnp.float32), reps=3, trips=(1, 33))
+    assert r["bytes_per_s"] > 0 and r["per_trip_s"] > 0 and r["trips"] == [1, 33]

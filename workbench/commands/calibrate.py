@@ -32,7 +32,10 @@ def register(app: typer.Typer) -> None:
         band = s.get("range_bytes_per_s")
         print(f"  stream bandwidth   {s['bytes_per_s'] / 1e9:8.2f} GB/s (IQR {s['bytes_per_s_iqr'] / 1e9:.2f}; "
               + (f"samples {band[0] / 1e9:.2f}–{band[1] / 1e9:.2f}; " if band else "")
-              + f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write)")
+              + f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write, out of place)")
+        if cal.get("stream_inplace"):
+            print(f"  in-place stream    {cal['stream_inplace']['bytes_per_s'] / 1e9:8.2f} GB/s (output over its input; "
+                  "not used for pricing)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
         for line in cal.get("findings", []):
