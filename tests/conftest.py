@@ -3,6 +3,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WORKBENCH_RESULTS", os.path.join(os.path.dirname(__file__), "..", ".cache", "test-results"))
+# a missing host calibration is measured at the quick sizes (seconds, not minutes); subprocesses inherit it
+os.environ.setdefault("WORKBENCH_CALIBRATION", "quick")
 
 import jax  # noqa: E402
 

@@ -183,15 +183,17 @@ def test_1f1b_holds_less_than_gpipe():
 
 def _run_cli(*args, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", WORKBENCH_RESULTS=str(tmp_path), WORKBENCH_HUGEPAGES="0")
-    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "small", "--steps", "2", "--json",
-                        *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "tiny", "--set", CFG,
+                        "--steps", "2", "--batch", "16", "--json", *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
 
 @pytest.mark.compile_heavy
 def test_1f1b_training_run_equals_unpipelined(tmp_path):
-    """The CLI path: two training steps of `small` under 1F1B on 4 stages give the data-parallel run's losses."""
+    """The CLI path: two training steps of a 4-layer `tiny` under 1F1B on 4 stages (8 microbatches of 2) give the
+    data-parallel run's losses."""
     got = _run_cli("--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--microbatches", "8",
                    "--pipeline-schedule", "1f1b", tmp_path=tmp_path)
     ref = _run_cli("--strategy", "dp", "--mesh", "data=1", "--devices", "1", tmp_path=tmp_path)
