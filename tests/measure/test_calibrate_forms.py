@@ -21,8 +21,9 @@ def test_calibration_keeps_the_faster_form_and_names_the_slower():
 
 
 def test_out_of_place_stream_kernel_writes_a_second_buffer():
-    """The stream calibration's kernel: each trip reads x and writes the other carry buffer (never read), so the
-    result is the last trip's a·x + b, and its loop body is one fusion whose operand is not its output's slot."""
+    """The stream calibration's kernel: each trip reads x and writes the other carry buffer, never reading it, so the
+    result is the last trip's a·x + b (an in-place body would have compounded the trips); the per-trip rate is
+    positive."""
     import jax.numpy as jnp
     import numpy as np
 

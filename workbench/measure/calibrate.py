@@ -504,10 +504,14 @@ def stream_out_of_place(x, reps: int, trips: tuple[int, int] = (1, 9)) -> dict:
     of the out-of-place loop, (t(t2) - t(t1)) / (t2 - t1), so the call's own overhead and the one fresh output it
     returns cancel. On this project's Zen 3 VMs it streams at about half the in-place rate (docs/hardware.md)."""
     t1, t2 = trips
-    m1 = measure(_oop_loop(t1).lower(x).compile(), x, warmup=1, repeats=reps)
-    m2 = measure(_oop_loop(t2).lower(x).compile(), x, warmup=1, repeats=reps)
+    c1, c2 = _oop_loop(t1).lower(x).compile(), _oop_loop(t2).lower(x).compile()
+    for _ in range(2):  # a second try where noise made the longer loop look no slower
+        m1 = measure(c1, x, warmup=1, repeats=reps)
+        m2 = measure(c2, x, warmup=1, repeats=reps)
+        dt = m2.median_s - m1.median_s
+        if dt > 0:
+            break
     traffic = 2.0 * x.size * x.dtype.itemsize * (t2 - t1)
-    dt = m2.median_s - m1.median_s
     if dt <= 0:
         raise WorkbenchError("calibration: the out-of-place stream loop ran no slower with more trips; the host is too "
                              "noisy to calibrate now: rerun `workbench calibrate --force` on a quieter machine")
