@@ -184,3 +184,16 @@ def test_held_out_ops_are_flagged_apart_from_in_sample():
     assert in_sample("matmul", {"m": 2048, "n": 2048, "k": 2048}, "bfloat16", cal)  # the bf16 calibration size
     assert not in_sample("matmul", {"m": 1536, "n": 1536, "k": 1536}, "bfloat16", cal)
     assert not in_sample("matmul", {"m": 1024, "n": 1024, "k": 512}, "float32", cal)
+
+
+def test_report_keeps_the_stream_now_medians_apart():
+    """The primary medians use the opening calibration; the *_stream_now ones the stream sampled per row."""
+    from benchmarks.prediction_error import report
+
+    cal = {"matmul": {"float32": {"flops_per_s": 1.0}}, "stream": {"bytes_per_s": 1.0}, "findings": []}
+    ops = [{"in_sample": False, "error": e, "error_stream_now": n} for e, n in ((0.3, 0.05), (0.1, 0.02), (0.2, 0.5))]
+    progs = [{"error": 0.4, "error_stream_now": 0.1}, {"error": 0.2, "error_stream_now": None}]
+    r = report(ops, progs, cal, cal)
+    assert r["median_error_ops_heldout"] == 0.2 and r["median_error_ops_heldout_stream_now"] == 0.05
+    assert abs(r["median_error_programs"] - 0.3) < 1e-12
+    assert r["median_error_programs_stream_now"] == 0.1
