@@ -25,6 +25,7 @@ store: each op as kind 'prediction-error', the whole report as one record of kin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -42,7 +43,7 @@ from partitioning.mesh import make_mesh
 from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
 from workbench.hardware.hostmem import reexec_with_hugepages
-from workbench.measure.calibrate import get_spec, load_or_calibrate
+from workbench.measure.calibrate import get_spec, load_or_calibrate, stream_out_of_place
 from workbench.measure.harness import measure_steps, random_inputs
 from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
@@ -61,10 +62,6 @@ def stream_now(host, nbytes: int):
     """`host` with its memory rate replaced by the out-of-place stream (workbench.measure.calibrate) sampled now, over
     the calibration's buffer size (3 repeats, a few seconds). The machine's own drift between the calibration and a
     row is then apart from the model's error: rows carry both predictions."""
-    import dataclasses
-
-    from workbench.measure.calibrate import stream_out_of_place
-
     nel = max(nbytes // 4, 1 << 20)
     if _BUF.get("n") != nel:
         _BUF.update(n=nel, x=jnp.ones((nel,), jnp.float32))
