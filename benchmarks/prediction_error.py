@@ -224,7 +224,8 @@ def run_worker(spec: dict) -> dict:
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
     pn = predict(comp.cost, now, dtype=dtype).predicted_s if now is not None else None
     return {"predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
-            "predicted_s_stream_now": pn, "error_stream_now": abs(pn - m.median_s) / m.median_s if pn else None,
+            "predicted_s_stream_now": pn,
+            "error_stream_now": abs(pn - m.median_s) / m.median_s if pn is not None else None,
             "stream_now_bytes_per_s": now.hbm_bw if now is not None else None,
             "predicted_s_band": pred.predicted_s_band, "bound": pred.bound, "wide_spread": m.wide_spread,
             "compile_s": comp.compile_s, "n_devices": n, "kernel_classes": classes}
