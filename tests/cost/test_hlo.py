@@ -203,3 +203,72 @@ def test_reductions_and_narrow_float_conversions_are_counted_per_kernel():
     ks = parse_kernels(jax.jit(lambda i: i.astype(jnp.float32) + 1).lower(
         jax.ShapeDtypeStruct((n,), jnp.int32)).compile().as_text())
     assert sum(k.convert_elements for k in ks) == 0
+
+
+SOFTMAX_LIKE_HLO = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%normalise (p: f32[64,96]) -> f32[64,96] {
+  %p = f32[64,96]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  %e = f32[64,96]{1,0} exponential(%p)
+  %r = f32[64]{0} reduce(%e, %z), dimensions={1}, to_apply=%add
+  %bc = f32[64,96]{1,0} broadcast(%r), dimensions={0}
+  ROOT %d = f32[64,96]{1,0} divide(%e, %bc)
+}
+
+%rowsum (q: f32[64,96]) -> (f32[64], f32[64,96]) {
+  %q = f32[64,96]{1,0} parameter(0)
+  %z2 = f32[] constant(0)
+  %r2 = f32[64]{0} reduce(%q, %z2), dimensions={1}, to_apply=%add
+  %sq = f32[64,96]{1,0} multiply(%q, %q)
+  ROOT %t = (f32[64]{0}, f32[64,96]{1,0}) tuple(%r2, %sq)
+}
+
+ENTRY %main (x: f32[64,96]) -> (f32[64,96], f32[64], f32[64,96]) {
+  %x = f32[64,96]{1,0} parameter(0)
+  %f = f32[64,96]{1,0} fusion(%x), kind=kLoop, calls=%normalise
+  %g = (f32[64]{0}, f32[64,96]{1,0}) fusion(%x), kind=kInput, calls=%rowsum
+  %g0 = f32[64]{0} get-tuple-element(%g), index=0
+  %g1 = f32[64,96]{1,0} get-tuple-element(%g), index=1
+  ROOT %o = (f32[64,96]{1,0}, f32[64]{0}, f32[64,96]{1,0}) tuple(%f, %g0, %g1)
+}
+"""
+
+
+def test_a_reduction_the_kernel_consumes_again_marks_dependent_passes():
+    """A fused softmax (sum of exponentials, then a divide by it over the same rows) walks each row in dependent
+    passes; a multi-output fusion whose reduction is only written out, beside an elementwise sibling, does not."""
+    ks = {k.name: k for k in hlo.parse_kernels(SOFTMAX_LIKE_HLO)}
+    assert ks["f"].dependent_passes and ks["f"].reduce_elements == 64 * 96
+    assert not ks["g"].dependent_passes
+
+
+TUPLE_ALL_REDUCE_HLO = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[64], y: f32[32,4], z: f32[16]) -> (f32[64], f32[32,4], f32[16]) {
+  %x = f32[64]{0} parameter(0)
+  %y = f32[32,4]{1,0} parameter(1)
+  %z = f32[16]{0} parameter(2)
+  ROOT %ar = (f32[64]{0}, f32[32,4]{1,0}, f32[16]{0}) all-reduce(%x, %y, %z), replica_groups={{0,1,2,3}}, to_apply=%add
+}
+"""
+
+
+def test_a_combined_all_reduce_counts_its_arrays():
+    """XLA's all-reduce combiner folds many gradients into one tuple all-reduce: one collective, its payload the sum
+    of the arrays, and the arrays counted (on simulated devices each meets the others once)."""
+    (c,) = hlo.parse_collectives(TUPLE_ALL_REDUCE_HLO, n_devices=4)
+    assert c.kind == "all-reduce" and c.operands == 3
+    assert c.payload_bytes == 4 * (64 + 128 + 16)

@@ -257,11 +257,14 @@ class KernelCost:
     transcendentals: float
     count: int = 1
     dot_flops: float = 0.0  # of `flops`, those in dots/convolutions
-    dot_size: float = 0.0  # cube root of m·n·k of the largest dot (per batch element); 0 without dots
+    dot_size: float = 0.0  # cube root of batch·m·n·k of the largest dot (its whole work); 0 without dots
     ops: tuple[tuple[str, int], ...] = ()  # the HLO ops inside, count by opcode (an unfused op: itself)
     library: str = ""  # a custom fusion's library kind from its backend config ('__ynn_fusion', ...); else ''
     reduce_elements: float = 0.0  # elements its reductions consume (the reduced operands' sizes)
     convert_elements: float = 0.0  # elements it converts between float32 and a narrower float (bf16, f16, fp8)
+    # a reduction whose result the same kernel consumes again over the rows it reduced (softmax: max, then exp and
+    # sum, then divide, all in one fusion): the kernel walks each row in dependent passes
+    dependent_passes: bool = False
 
     @property
     def bytes(self) -> float:
@@ -288,6 +291,9 @@ class CollectiveOp:
     count: int = 1
     groups: tuple[tuple[int, ...], ...] = ()
     mesh_axes: tuple[str, ...] = ()
+    # arrays it acts on: a combined (tuple) collective carries several; XLA:CPU's in-process all-reduce meets once
+    # per array, so on simulated devices each costs a rendezvous (partitioning.collectives.collective_time)
+    operands: int = 1
 
 
 def _dims(attrs: str, key: str) -> tuple[int, ...]:
@@ -319,12 +325,10 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
         n = out[0].elements if out else 0
         if ins.opcode in ("dot", "convolution"):
             k = 1
-            batch = 1
             if ins.opcode == "dot":
                 lhs = shapes.get(ins.operands[0]) if ins.operands else None
                 if lhs is not None:
                     k = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims")]))
-                    batch = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_batch_dims")]))
             else:
                 lhs = shapes.get(ins.operands[0]) if ins.operands else None
                 rhs = shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None
@@ -332,7 +336,7 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
                     n, k = conv_macs(ins.attrs, lhs, rhs, out[0])
             flops += 2.0 * n * k
             dot_flops += 2.0 * n * k
-            dot_size = max(dot_size, (max(n // max(batch, 1), 1) * k) ** (1.0 / 3.0))
+            dot_size = max(dot_size, (max(n, 1) * k) ** (1.0 / 3.0))  # batch·m·n·k: the whole product's work
         elif ins.opcode in ELEMENTWISE_FLOP_OPS:
             flops += n
             if ins.opcode in TRANSCENDENTAL_OPS:
@@ -515,7 +519,9 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
                 ops = _opcode_counts(_fused_ops(body, mod))
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
+                passes = reduction_consumed(body, shapes)
             else:
+                passes = False
                 ops, library = ((op, 1),), ""
                 kind = op
                 flops, trans, dflops, dsize, red, conv = _computation_cost([ins], shapes)
@@ -525,8 +531,32 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv))
+                                  bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes))
     return out
+
+
+def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:
+    """Whether a reduction in a fusion's ops feeds, through any chain of ops, an op as large as the reduction's own
+    operand: the kernel then needs each row's reduction before it can finish that row (softmax's max and sum, a
+    normalisation's mean), so it walks the row in dependent passes."""
+    users: dict[str, list[Instr]] = {}
+    for i in body:
+        for o in i.operands:
+            users.setdefault(o, []).append(i)
+    for r in body:
+        if r.opcode != "reduce" or not r.operands or r.operands[0] not in shapes:
+            continue
+        size = shapes[r.operands[0]].elements
+        seen, todo = set(), [r.name]
+        while todo:
+            for u in users.get(todo.pop(), []):
+                if u.name in seen or u.opcode == "tuple":
+                    continue
+                seen.add(u.name)
+                if u.opcode not in ("reduce", "bitcast") and sum(sh.elements for sh in u.shapes) >= size:
+                    return True
+                todo.append(u.name)
+    return False
 
 
 def _fused_ops(body: list[Instr], mod: Module, depth: int = 0) -> list[Instr]:
@@ -816,8 +846,10 @@ def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: d
     axes = mesh_axes_of_groups(groups, mesh)
     if kind == "collective-permute" and axes:  # point-to-point pairs lie along these axes
         axes = tuple(a if a.endswith("[part]") else f"{a}[part]" for a in axes) if len(groups) else axes
+    arrays = max(1, sum(1 for o in ins.operands if o in by_name and len(by_name[o].shapes) == 1
+                        and by_name[o].shapes[0].dtype != "token"))
     return CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups, is_async,
-                        count, groups if len(groups) <= 64 else (), axes)
+                        count, groups if len(groups) <= 64 else (), axes, arrays)
 
 
 def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: Module | None = None

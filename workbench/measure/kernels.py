@@ -336,7 +336,7 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
         k = costs.get(name)
         c = colls.get(name)
         if c is not None:
-            pred = collective_time(c.kind, c.payload_bytes, c.group_size, ic) * c.count * mult
+            pred = collective_time(c.kind, c.payload_bytes, c.group_size, ic, operands=c.operands) * c.count * mult
             fl, dfl, nb, roof, count = 0.0, 0.0, c.payload_bytes * c.count * mult, "comm", c.count
         elif k is not None:
             kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw)

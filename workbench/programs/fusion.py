@@ -66,7 +66,7 @@ from workbench.programs import train
 from workbench.programs.ops import build
 from workbench.programs.predict import target_spec
 from workbench.results.store import Store, make_record
-from workbench.roofline.prediction import kernel_roof, predict
+from workbench.roofline.prediction import kernel_roof, predict, roof_seconds
 
 KINDS = ("loop", "input/reduction", "output", "dot/convolution", "ynnpack", "onednn", "custom", "unfused")
 _PASS_LIST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
@@ -678,7 +678,7 @@ def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: 
         r = prof.get(k.name)
         traced = measure_it and profile_steps
         kernels.append(Kernel(k.name, kernel_kind(k.kind, k.library, ops), k.kind, k.library, ops, k.output_shape,
-                              k.bytes_in, k.bytes_out, k.flops, k.transcendentals, k.count, max(kc, km) * k.count,
+                              k.bytes_in, k.bytes_out, k.flops, k.transcendentals, k.count, roof_seconds(k, hw, kc, km) * k.count,
                               "compute" if kc >= km else "memory",
                               r["ms"] / 1e3 if (traced and r) else None, r["calls"] if r else None,
                               bool(r and r.get("async"))))
@@ -862,7 +862,7 @@ def _compare_host(prog: Program, tgt: VariantResult, tgt_src: dict) -> dict:
         kc, km = kernel_roof(k, hw, pred.peak_dtype, pred.memory_bw)
         ops = dict(k.ops)
         ks.append(Kernel(k.name, kernel_kind(k.kind, k.library, ops), k.kind, k.library, ops, k.output_shape,
-                         k.bytes_in, k.bytes_out, k.flops, k.transcendentals, k.count, max(kc, km) * k.count,
+                         k.bytes_in, k.bytes_out, k.flops, k.transcendentals, k.count, roof_seconds(k, hw, kc, km) * k.count,
                          "compute" if kc >= km else "memory"))
     host = VariantResult(Variant("host-default"), tuple(ks), sum(k.bytes * k.count for k in ks),
                          sum(k.flops * k.count for k in ks), 0.0, comp.cost.bytes_accessed, pred.predicted_s,
