@@ -43,7 +43,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 14
+CALIBRATION_VERSION = 15
 
 
 def cache_dir() -> str:
@@ -657,41 +657,47 @@ import jax
 jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-n = int(sys.argv[1]); k = int(sys.argv[2])
+n = int(sys.argv[1]); lengths = [int(v) for v in sys.argv[2].split(",")]; reps = int(sys.argv[3])
 mesh = Mesh(jax.devices()[:n], ("d",))
-def chain(x):
-    for _ in range(k):
-        x = jax.lax.psum(x, "d") * 0.5
-    return x
-f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
 x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P("d")))
-c = f.lower(x).compile()
-for _ in range(3): jax.block_until_ready(c(x))
-ts = []
-for _ in range(int(sys.argv[3])):
-    t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts.append(time.perf_counter() - t0)
-ts.sort()
-print(json.dumps({"median_s": ts[len(ts) // 2], "collectives": c.as_text().count(" all-reduce(")}))
+def compiled(k):
+    def chain(y):
+        for _ in range(k):
+            y = jax.lax.psum(y, "d") * 0.5
+        return y
+    return jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d"))).lower(x).compile()
+cs = {k: compiled(k) for k in lengths}
+for c in cs.values():
+    for _ in range(3): jax.block_until_ready(c(x))
+ts = {k: [] for k in lengths}
+for _ in range(reps):  # the chains called in turn: a slow spell of the machine falls on both
+    for k, c in cs.items():
+        t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts[k].append(time.perf_counter() - t0)
+print(json.dumps({"times_s": {str(k): v for k, v in ts.items()},
+                  "collectives": {str(k): c.as_text().count(" all-reduce(") for k, c in cs.items()}}))
 """
 
 
 def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
     """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
-    is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float per device; the slope is the
-    wall time of one rendezvous (every device's thread must arrive; on a few cores that means scheduling them all).
-    None when the subprocess fails."""
-    res = {}
-    for k in (4, 20):
-        try:
-            p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), str(k), str(reps)],
-                               capture_output=True, text=True, timeout=300,
-                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
-            res[k] = json.loads(p.stdout.strip().splitlines()[-1])
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return None
-    apart = res[20]["collectives"] - res[4]["collectives"]
-    wall = max(res[20]["median_s"] - res[4]["median_s"], 0.0) / max(apart, 1)
+    is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float per device, called in turn
+    3·reps times in one process; the median over the pairs of (t20 − t4) / collectives apart is the wall time of one
+    rendezvous (every device's thread must arrive; on a few cores that means scheduling them all). Calling the two
+    chains in turn keeps a slow spell of the VM from landing on one of them only (one process per chain measured
+    144–384 µs in three tries within a minute here). None when the subprocess fails."""
+    try:
+        p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), "4,20", str(3 * reps)],
+                           capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+    apart = res["collectives"]["20"] - res["collectives"]["4"]
+    slopes = sorted((b - a) / max(apart, 1) for a, b in zip(res["times_s"]["4"], res["times_s"]["20"]))
+    wall = max(slopes[len(slopes) // 2], 0.0)
+    med = {k: sorted(v)[len(v) // 2] for k, v in res["times_s"].items()}
     return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
-            "chain_s": {str(k): v["median_s"] for k, v in res.items()}, "collectives_apart": apart,
-            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, each in a "
-                   "fresh process: slope of the wall time per collective"}
+            "chain_s": med, "collectives_apart": apart, "pairs": len(slopes),
+            "slope_range_s": [slopes[0], slopes[-1]],
+            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, called in "
+                   "turn in one fresh process: the median over the pairs of the wall time per collective"}
+
