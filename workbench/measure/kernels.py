@@ -22,7 +22,8 @@ simulated mesh a collective's event is mostly one device waiting for the others 
 same cores): collectives are charged only the instants when no other kernel runs (`wall_shares`).
 
 Predicted time: workbench.roofline.prediction.kernel_time (max of the kernel's compute at its dot's measured rate and its
-bytes at the memory bandwidth) × executions per run, collectives at workbench.partitioning's collective_time; on a
+bytes at the memory bandwidth; their sum for a kernel walking its rows in dependent passes on a CPU, roof_seconds)
+× executions per run, collectives at workbench.partitioning's collective_time; on a
 simulated mesh every device's kernels run on this host, so both sides add up over the devices.
 """
 from __future__ import annotations
