@@ -700,4 +700,3 @@ def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
             "slope_range_s": [slopes[0], slopes[-1]],
             "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, called in "
                    "turn in one fresh process: the median over the pairs of the wall time per collective"}
-
