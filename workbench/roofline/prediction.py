@@ -125,7 +125,7 @@ def roof_seconds(k, spec: HardwareSpec, compute_s: float, memory_s: float) -> fl
     computes the passes that consume it over the row from cache, one after the other, so the two terms add
     (docs/accuracy.md: a fused softmax over [8192,2048] ran 21 ms against 10 ms for its bytes and 9.8 ms for its
     exponentials). Accelerators pipeline the rows of such a kernel through on-chip memory: there they overlap."""
-    if spec.kind == "cpu" and getattr(k, "dependent_passes", False) and not k.dot_flops:
+    if spec.kind == "cpu" and k.dependent_passes and not k.dot_flops:
         return compute_s + memory_s
     return max(compute_s, memory_s)
 
