@@ -7,10 +7,11 @@ error = |predicted − measured| / measured, signed_error, in_sample), `median_e
 `median_error_ops_in_sample`, `median_error_programs`, `kernel_classes` (per kernel class, the predicted and measured
 time summed over the programs' traced steps, from workbench.measure.kernels) and `calibration_drift` (a fresh calibration at
 the start and another at the end: how far the machine moved meanwhile). Every row is priced twice: with the opening
-calibration (`predicted_s`, `error`: what a user gets from a cached calibration) and with the out-of-place stream
-sampled just before the row is timed (`predicted_s_stream_now`, `error_stream_now`, `stream_now_bytes_per_s`; medians
-`median_error_ops_heldout_stream_now`, `median_error_programs_stream_now`): on a VM whose memory bandwidth moves by
-tens of percent within minutes, the second separates the machine's drift from the model's error.
+calibration (`predicted_s`, `error`: what a user gets from a cached calibration) and with the machine's state sampled
+just before the row is timed, the out-of-place stream and the calibration's float32 matmul probe (`predicted_s_now`,
+`error_now`, `stream_now_bytes_per_s`, `matmul_now_flops_per_s`; medians `median_error_ops_heldout_now`,
+`median_error_programs_now`): on a VM whose memory bandwidth and matmul rate move by tens of percent within minutes,
+the second separates the machine's drift from the model's error.
 
 Ops: in-sample rows are shapes the calibration itself ran (square float32 matmuls at the sizes of its rate curve): a
 prediction there replays the calibration. Held-out rows are shapes it never ran: non-square, odd, batched and
@@ -43,7 +44,7 @@ from partitioning.mesh import make_mesh
 from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
 from workbench.hardware.hostmem import reexec_with_hugepages
-from workbench.measure.calibrate import get_spec, load_or_calibrate, stream_out_of_place
+from workbench.measure.calibrate import get_spec, load_or_calibrate, matmul_probe, matmul_sample, stream_out_of_place
 from workbench.measure.harness import measure_steps, random_inputs
 from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
@@ -54,19 +55,29 @@ from workbench.results.console import print_table
 from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import memory_bw, predict
 
-NOW = "host-stream-now"  # the host spec with the streaming rate sampled just before a row is timed
+NOW = "host-now"  # the host spec with the stream and the matmul rate sampled just before a row is timed
 _BUF: dict = {}
 
 
-def stream_now(host, nbytes: int):
-    """`host` with its memory rate replaced by the out-of-place stream (workbench.measure.calibrate) sampled now, over
-    the calibration's buffer size (3 repeats, a few seconds). The machine's own drift between the calibration and a
-    row is then apart from the model's error: rows carry both predictions."""
-    nel = max(nbytes // 4, 1 << 20)
+def machine_now(host, cal: dict):
+    """`host` with its memory rate and its matmul level replaced by the machine's state sampled now: the
+    out-of-place stream (workbench.measure.calibrate) over the calibration's buffer size (3 repeats, a few seconds)
+    and the calibration's float32 matmul probe (3 repeats, about a second), every matmul figure scaled by the probe's
+    rate over the calibration's level for it. The machine's own drift between the calibration and a row is then
+    apart from the model's error: rows carry both predictions."""
+    nel = max(int(cal["stream"]["buffer_bytes"]) // 4, 1 << 20)
+    n = int((cal.get("matmul_level") or {}).get("n") or cal["matmul"]["float32"]["n"])
     if _BUF.get("n") != nel:
         _BUF.update(n=nel, x=jnp.ones((nel,), jnp.float32))
+    if _BUF.get("mm_n") != n:
+        _BUF.update(mm_n=n, probe=matmul_probe(n, jax.devices()[0]))
     bw = stream_out_of_place(_BUF["x"], reps=3)["bytes_per_s"]
-    return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None)
+    rate = matmul_sample(_BUF["probe"], 3)
+    f = rate / cal["matmul"]["float32"]["flops_per_s"]
+    curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None
+    return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve,
+                               peak_flops={dt: v * f for dt, v in host.peak_flops.items()}), rate
+
 
 IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
              ("matmul", {"m": 2048, "n": 2048, "k": 2048})]
@@ -160,7 +171,7 @@ def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
     for name, builder, sizes, dtype in ops:
         print(f"op: {name}", file=sys.stderr, flush=True)
         fn, args = op_program(builder, sizes, dtype)
-        now = stream_now(host, cal["stream"]["buffer_bytes"])
+        now, rate = machine_now(host, cal)
         rec = run_program(fn, args, kind="prediction-error", repeats=repeats, compute_dtype=dtype,
                           spec={"op": builder, "sizes": sizes, "dtype": dtype, "description": name},
                           also_predict=(now,))
@@ -169,8 +180,8 @@ def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
         pn = rec["extra"]["predictions"][NOW]["predicted_s"]
         rows.append({"name": name, "config": {"op": builder, "sizes": sizes, "dtype": dtype}, "predicted_s": p,
                      "measured_s": m, "error": abs(p - m) / m, "signed_error": p / m - 1,
-                     "predicted_s_stream_now": pn, "error_stream_now": abs(pn - m) / m,
-                     "stream_now_bytes_per_s": now.hbm_bw,
+                     "predicted_s_now": pn, "error_now": abs(pn - m) / m,
+                     "stream_now_bytes_per_s": now.hbm_bw, "matmul_now_flops_per_s": rate,
                      "in_sample": in_sample(builder, sizes, dtype, cal), "bound": s["bound"],
                      "predicted_s_band": rec["prediction"].get("predicted_s_band"),
                      "wide_spread": s["wide_spread"]})
@@ -213,7 +224,7 @@ def run_worker(spec: dict) -> dict:
     host = get_spec("host")
     dtype = matmul_format(policy)["peak_dtype"]
     pred = predict(comp.cost, host, dtype=dtype)
-    now = stream_now(host, int(spec["stream_buffer_bytes"])) if spec.get("stream_buffer_bytes") else None
+    now, rate = machine_now(host, load_or_calibrate(run_if_missing=False)) if spec.get("now", True) else (None, None)
     m = measure_steps(step, warmup=2, repeats=int(spec.get("steps", 5)), compile_s=comp.compile_s)
     classes = None
     if spec.get("kernels", True):
@@ -224,20 +235,17 @@ def run_worker(spec: dict) -> dict:
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
     pn = predict(comp.cost, now, dtype=dtype).predicted_s if now is not None else None
     return {"predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
-            "predicted_s_stream_now": pn,
-            "error_stream_now": abs(pn - m.median_s) / m.median_s if pn is not None else None,
-            "stream_now_bytes_per_s": now.hbm_bw if now is not None else None,
+            "predicted_s_now": pn, "error_now": abs(pn - m.median_s) / m.median_s if pn is not None else None,
+            "stream_now_bytes_per_s": now.hbm_bw if now is not None else None, "matmul_now_flops_per_s": rate,
             "predicted_s_band": pred.predicted_s_band, "bound": pred.bound, "wide_spread": m.wide_spread,
             "compile_s": comp.compile_s, "n_devices": n, "kernel_classes": classes}
 
 
-def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None, stream_buffer_bytes=None) -> list[dict]:
+def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None) -> list[dict]:
     rows = []
     for name, spec in programs:
         print(f"program: {name}", file=sys.stderr, flush=True)
         spec = dict(spec, kernels=kernels)
-        if stream_buffer_bytes:
-            spec["stream_buffer_bytes"] = int(stream_buffer_bytes)
         p = subprocess.run([sys.executable, "-m", "benchmarks.prediction_error", "--worker", json.dumps(spec)],
                            capture_output=True, text=True, timeout=timeout)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -285,9 +293,10 @@ def report(ops: list[dict], programs: list[dict], before: dict, after: dict | No
             "median_error_ops_heldout": _median(o["error"] for o in held),
             "median_error_ops_in_sample": _median(o["error"] for o in ops if o["in_sample"]),
             "median_error_programs": _median(p["error"] for p in programs),
-            # the same, priced with the stream sampled just before each row (the machine's drift taken out)
-            "median_error_ops_heldout_stream_now": _median(o.get("error_stream_now") for o in held),
-            "median_error_programs_stream_now": _median(p.get("error_stream_now") for p in programs),
+            # the same, priced with the stream and the matmul rate sampled just before each row (the machine's drift
+            # taken out)
+            "median_error_ops_heldout_now": _median(o.get("error_now") for o in held),
+            "median_error_programs_now": _median(p.get("error_now") for p in programs),
             "kernel_classes": class_totals(programs), "calibration_drift": drift,
             "findings": before.get("findings", []) + [f"(end) {f}" for f in (after or {}).get("findings", [])],
             "n_ops_heldout": len(held), "n_programs": len([p for p in programs if p.get("error") is not None])}
@@ -330,8 +339,7 @@ def main(argv=None) -> dict:
     ops = run_ops((QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT), before, repeats=5 if args.quick else 10,
                   save=save)
     programs = [] if args.no_programs else run_programs(QUICK_PROGRAMS if args.quick else PROGRAMS,
-                                                       kernels=not args.no_kernels, save=save,
-                                                       stream_buffer_bytes=before["stream"]["buffer_bytes"])
+                                                       kernels=not args.no_kernels, save=save)
     after = load_or_calibrate(force=True, quick=args.quick)
     out = save(ops, programs, after)
     Store().append(make_record("prediction_error", {"quick": args.quick, "programs": not args.no_programs},
@@ -348,8 +356,8 @@ def main(argv=None) -> dict:
         fmt = lambda x: f"{x:.1%}" if x is not None else "n/a"  # noqa: E731
         print(f"median error: held-out ops {fmt(out['median_error_ops_heldout'])}, in-sample ops "
               f"{fmt(out['median_error_ops_in_sample'])}, programs {fmt(out['median_error_programs'])} (with the "
-              f"stream sampled before each row: held-out ops {fmt(out['median_error_ops_heldout_stream_now'])}, "
-              f"programs {fmt(out['median_error_programs_stream_now'])}); drift "
+              f"stream and the matmul sampled before each row: held-out ops "
+              f"{fmt(out['median_error_ops_heldout_now'])}, programs {fmt(out['median_error_programs_now'])}); drift "
               f"matmul {drift['matmul_float32']:+.1%}, stream {drift['stream']:+.1%}; {args.out}")
     return out
 

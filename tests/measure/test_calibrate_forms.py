@@ -33,3 +33,22 @@ def test_out_of_place_stream_kernel_writes_a_second_buffer():
     np.testing.assert_allclose(np.asarray(_oop_loop(3)(x)), np.asarray(x) * 1.0001 + 2.0, rtol=1e-6)
     r = stream_out_of_place(jnp.ones((1 << 20,), jnp.float32), reps=3, trips=(1, 33))
     assert r["bytes_per_s"] > 0 and r["per_trip_s"] > 0 and r["trips"] == [1, 33]
+
+
+def test_matmul_figures_take_the_median_samples_level():
+    """The matmul phase's figures keep their ratios and take the level of the median float32 sample across the
+    calibration (start, the phase itself, end); the phase values stay as flops_per_s_measured, and a spread over
+    15 % is a finding naming the range."""
+    from workbench.measure.calibrate import apply_matmul_level
+
+    cal = {"matmul": {"float32": {"n": 2048, "flops_per_s": 100e9}, "bfloat16": {"n": 2048, "flops_per_s": 40e9}},
+           "matmul_curve": [{"n": 512, "flops_per_s": 50e9}, {"n": 2048, "flops_per_s": 100e9}]}
+    findings = apply_matmul_level(cal, {"start": 80e9, "middle": 100e9, "end": 60e9})
+    assert cal["matmul_level"]["factor"] == 0.8 and cal["matmul_level"]["range_flops_per_s"] == [60e9, 100e9]
+    assert cal["matmul"]["float32"]["flops_per_s"] == 80e9 and cal["matmul"]["bfloat16"]["flops_per_s"] == 32e9
+    assert [r["flops_per_s"] for r in cal["matmul_curve"]] == [40e9, 80e9]
+    assert cal["matmul"]["float32"]["flops_per_s_measured"] == 100e9
+    assert len(findings) == 1 and "60–100 GFLOP/s" in findings[0] and "×0.80" in findings[0]
+    steady = {"matmul": {"float32": {"n": 2048, "flops_per_s": 100e9}}, "matmul_curve": []}
+    assert apply_matmul_level(steady, {"start": 99e9, "middle": 100e9, "end": 104e9}) == []
+    assert steady["matmul"]["float32"]["flops_per_s"] == 100e9  # the phase was the median: unchanged

@@ -186,14 +186,33 @@ def test_held_out_ops_are_flagged_apart_from_in_sample():
     assert not in_sample("matmul", {"m": 1024, "n": 1024, "k": 512}, "float32", cal)
 
 
-def test_report_keeps_the_stream_now_medians_apart():
-    """The primary medians use the opening calibration; the *_stream_now ones the stream sampled per row."""
+def test_report_keeps_the_now_medians_apart():
+    """The primary medians use the opening calibration; the *_now ones the machine (stream and matmul) sampled per
+    row."""
     from benchmarks.prediction_error import report
 
     cal = {"matmul": {"float32": {"flops_per_s": 1.0}}, "stream": {"bytes_per_s": 1.0}, "findings": []}
-    ops = [{"in_sample": False, "error": e, "error_stream_now": n} for e, n in ((0.3, 0.05), (0.1, 0.02), (0.2, 0.5))]
-    progs = [{"error": 0.4, "error_stream_now": 0.1}, {"error": 0.2, "error_stream_now": None}]
+    ops = [{"in_sample": False, "error": e, "error_now": n} for e, n in ((0.3, 0.05), (0.1, 0.02), (0.2, 0.5))]
+    progs = [{"error": 0.4, "error_now": 0.1}, {"error": 0.2, "error_now": None}]
     r = report(ops, progs, cal, cal)
-    assert r["median_error_ops_heldout"] == 0.2 and r["median_error_ops_heldout_stream_now"] == 0.05
+    assert r["median_error_ops_heldout"] == 0.2 and r["median_error_ops_heldout_now"] == 0.05
     assert abs(r["median_error_programs"] - 0.3) < 1e-12
-    assert r["median_error_programs_stream_now"] == 0.1
+    assert r["median_error_programs_now"] == 0.1
+
+
+def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated_level():
+    """machine_now samples the stream and the calibration's matmul probe: the spec it returns has the sampled stream
+    as its memory rate and every peak and curve point scaled by one factor, probe rate / calibrated level."""
+    import dataclasses
+
+    from benchmarks.prediction_error import machine_now
+    from workbench.hardware.spec import get_spec
+
+    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", matmul_curve=((128, 1e10), (1024, 4e10)))
+    cal = {"stream": {"buffer_bytes": 4 << 20}, "matmul": {"float32": {"n": 128, "flops_per_s": 2e10}},
+           "matmul_level": {"n": 128}}
+    now, rate = machine_now(host, cal)
+    f = rate / 2e10
+    assert rate > 0 and now.hbm_bw > 0 and now.name == "host-now" and now.hbm_bw_range is None
+    assert now.matmul_curve == ((128, 1e10 * f), (1024, 4e10 * f))
+    assert all(abs(now.peak_flops[dt] / (host.peak_flops[dt] * f) - 1) < 1e-12 for dt in host.peak_flops)

@@ -28,6 +28,12 @@ def register(app: typer.Typer) -> None:
             peak = f"   physical peak {phys[dt] / 1e9:8.1f} GFLOP/s" if dt in phys else ""
             print(f"  XLA matmul {dt:13s} {v['flops_per_s'] / 1e9:8.1f} GFLOP/s (IQR {v['flops_per_s_iqr'] / 1e9:.1f}, "
                   f"n={v['n']}, {v.get('result_dtype', dt)} result){peak}")
+        lv = cal.get("matmul_level")
+        if lv:
+            lo, hi = lv["range_flops_per_s"]
+            print(f"  matmul level       float32 {lv['n']}³ sampled {lo / 1e9:.0f}–{hi / 1e9:.0f} GFLOP/s at the start, "
+                  f"middle and end; the figures above are the median sample's level (×{lv['factor']:.2f} the matmul "
+                  "phase)")
         s = cal["stream"]
         band = s.get("range_bytes_per_s")
         print(f"  stream bandwidth   {s['bytes_per_s'] / 1e9:8.2f} GB/s (IQR {s['bytes_per_s_iqr'] / 1e9:.2f}; "
@@ -38,8 +44,6 @@ def register(app: typer.Typer) -> None:
                   "not used for pricing)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
-        for line in cal.get("findings", []):
-            print(f"  finding: {line}")
         for k, v in cal["physical"]["derivation"].items():
             if k in ("float32", "bfloat16", "fma_pipes_why", "clock_source"):
                 print(f"  physical {k}: {v}")

@@ -20,7 +20,10 @@ The clock is the CPU's own report, never a measurement: sysfs cpufreq's maximum,
 known part (KNOWN_PARTS, each with its source), else /proc/cpuinfo's `cpu MHz` (often only the nominal clock in a
 VM); `physical.derivation.clock_source` names which. A measurement above the physical peak is reported in `findings`
 (one-line statements), never folded into the peak. The streaming bandwidth is sampled several times across the
-calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with.
+calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with. So is
+the float32 matmul (`matmul_samples`: a 2048³ matmul at the start, in the matmul phase and at the end): the matmul
+figures keep their shape from the one phase that measured them all and take their level from the median sample
+(`matmul_level`; each figure's phase value is kept as `flops_per_s_measured`).
 Overrides: WORKBENCH_HOST_CLOCK_GHZ, WORKBENCH_HOST_FMA_PIPES, WORKBENCH_HOST_PEAK_<DTYPE> (FLOP/s).
 Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $WORKBENCH_CACHE_DIR
 (default ~/.cache/workbench); `workbench calibrate --force` re-measures.
@@ -43,7 +46,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 15
+CALIBRATION_VERSION = 16
 
 
 def cache_dir() -> str:
@@ -195,7 +198,7 @@ def peak_findings(cal: dict) -> list[str]:
     der = cal["physical"]["derivation"]
     rates = [(f"{dt} {v['n']}³ matmul", dt, v.get("flops_per_s_best", v["flops_per_s"]))
              for dt, v in cal.get("matmul", {}).items()]
-    rates += [(f"float32 {r['n']}³ matmul (rate curve)", "float32", r["flops_per_s"])
+    rates += [(f"float32 {r['n']}³ matmul (rate curve)", "float32", r.get("flops_per_s_measured", r["flops_per_s"]))
               for r in cal.get("matmul_curve", [])]
     for what, dt, rate in rates:
         peak = phys.get(dt)
@@ -329,22 +332,33 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     few = max(3, reps // 3)
     bw0, _, xbig = _stream_sample(nel, dev, few, quiet, "start")
     stream_samples = [bw0]
-    # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
     n = 512 if quick else 2048
+    probe = matmul_probe(n, dev)
+    mm_samples = {"start": matmul_sample(probe, few, quiet, "start")}
+    # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
     mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
     out["matmul"] = mm
     out.setdefault("findings", []).extend(findings)
-    # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak
-    curve = []
-    for cn in ((128, 256, 512) if quick else (128, 256, 512, 1024, 4096)):
-        _say(f"calibrate: float32 matmul {cn}³ (rate against size)", quiet)
+    # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak. The sizes
+    # alternate in rounds, so a drift in the machine's load reaches every size alike (not one point of the curve)
+    sizes = (128, 256, 512) if quick else (128, 256, 512, 1024, 2048, 4096)
+    progs = {}
+    for cn in sizes:
         a = jax.ShapeDtypeStruct((cn, cn), jnp.float32)
         x, y = random_inputs((a, a), seed=5)
-        c = jax.jit(lambda p, q: p @ q).lower(x, y).compile()
-        m = measure(c, x, y, warmup=2, repeats=reps)
+        progs[cn] = (jax.jit(lambda p, q: p @ q).lower(x, y).compile(), x, y)
+    times: dict[int, list[float]] = {cn: [] for cn in sizes}
+    rounds = 3
+    for r in range(rounds):
+        for cn in sizes:
+            _say(f"calibrate: float32 matmul {cn}³ (rate against size, round {r + 1}/{rounds})", quiet)
+            c, x, y = progs[cn]
+            times[cn] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
+    curve = []
+    for cn in sizes:
+        m = summarize(times[cn], warmup=2, calls=1, compile_s=None)
         curve.append({"n": cn, "flops_per_s": 2.0 * cn**3 / m.median_s, "spread": m.spread})
-    curve.append({"n": mm["float32"]["n"], "flops_per_s": mm["float32"]["flops_per_s"],
-                  "spread": mm["float32"]["spread"]})
+    del progs
     out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
     # streaming bandwidth, buffers far larger than the last-level cache: the out-of-place kernel (second sample)
     bw_mid, st, xbig = _stream_sample(nel, dev, reps, quiet, "middle", xbig)
@@ -428,6 +442,10 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         out["rendezvous"] = measure_rendezvous(8, 5)
     stream_samples.append(_stream_sample(nel, dev, few, quiet, "end", xbig)[0])
     del xbig
+    mm_samples["end"] = matmul_sample(probe, few, quiet, "end")
+    del probe
+    mm_samples["middle"] = out["matmul"]["float32"]["flops_per_s"]
+    out["findings"] += apply_matmul_level(out, mm_samples)
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
                          bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
@@ -530,6 +548,53 @@ def _stream_sample(nel: int, dev, reps: int, quiet: bool, when: str, x=None):
         x = jax.device_put(jax.random.normal(jax.random.key(2), (nel,), jnp.float32), dev)
     r = stream_out_of_place(x, reps)
     return r["bytes_per_s"], r, x
+
+
+def matmul_probe(n: int, dev):
+    """(compiled, x, y) of the float32 n³ matmul that samples the machine's matmul rate (matmul_sample)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    x, y = random_inputs((a, a), seed=1)
+    x, y = jax.device_put(x, dev), jax.device_put(y, dev)
+    return jax.jit(lambda p, q: p @ q).lower(x, y).compile(), x, y
+
+
+def matmul_sample(probe, reps: int, quiet: bool = True, when: str = "now") -> float:
+    """Median FLOP/s of the probe's matmul (matmul_probe) over `reps` timed calls."""
+    c, x, y = probe
+    n = x.shape[0]
+    _say(f"calibrate: float32 matmul {n}³ ({when}; the machine's matmul rate)", quiet)
+    return 2.0 * n**3 / measure(c, x, y, warmup=1, repeats=reps).median_s
+
+
+def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
+    """Set the level of the calibration's matmul figures to the median of the float32 samples taken across it.
+
+    `samples` maps when ('start', 'middle' = the matmul phase's own float32 ceiling, 'end') to FLOP/s of the same
+    float32 matmul. The phase measured every dtype and every size of the rate curve within a minute, so their ratios
+    to each other are its own; its level is one moment of a machine whose matmul rate moves by tens of percent
+    within minutes (60–105 GFLOP/s for 2048³ within one minute on this project's VMs). Every figure is scaled by
+    median / middle, keeping the phase value as `flops_per_s_measured`; `matmul_level` records the samples, their
+    range and the factor. Returns the findings: one line when the samples span more than 15 %."""
+    mid = samples["middle"]
+    vals = sorted(samples.values())
+    med = vals[len(vals) // 2]
+    factor = med / mid if mid > 0 else 1.0
+    for v in list(cal.get("matmul", {}).values()) + list(cal.get("matmul_curve", [])):
+        v["flops_per_s_measured"] = v["flops_per_s"]
+        v["flops_per_s"] = v["flops_per_s"] * factor
+    cal["matmul_level"] = {"samples": dict(samples), "range_flops_per_s": [vals[0], vals[-1]], "factor": factor,
+                           "n": cal.get("matmul", {}).get("float32", {}).get("n"),
+                           "sampled": "float32 matmul at the start, in the matmul phase (middle) and at the end; "
+                                      "every matmul figure is scaled by median / middle"}
+    lo, hi = vals[0], vals[-1]
+    if lo > 0 and hi > 1.15 * lo:
+        return [f"float32 matmul rate drifted {hi / lo - 1:.0%} across the calibration ({lo / 1e9:.0f}–"
+                f"{hi / 1e9:.0f} GFLOP/s); the matmul figures are levelled to the median sample ({med / 1e9:.0f}, "
+                f"×{factor:.2f} the matmul phase)"]
+    return []
 
 
 def quick_mode() -> bool:
