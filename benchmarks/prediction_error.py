@@ -11,7 +11,9 @@ calibration (`predicted_s`, `error`: what a user gets from a cached calibration)
 just before the row is timed, the out-of-place stream and the calibration's float32 matmul probe (`predicted_s_now`,
 `error_now`, `stream_now_bytes_per_s`, `matmul_now_flops_per_s`; medians `median_error_ops_heldout_now`,
 `median_error_programs_now`): on a VM whose memory bandwidth and matmul rate move by tens of percent within minutes,
-the second separates the machine's drift from the model's error.
+the second separates the machine's drift from the model's error. Every row is also timed twice (`measured_s_repeat`,
+`repeat_change`; ops in a second pass over the list after the programs, programs again after their trace):
+`repeatability` holds the median |second / first − 1|, the floor under any prediction's error on this host.
 
 Ops: in-sample rows are shapes the calibration itself ran (square float32 matmuls at the sizes of its rate curve): a
 prediction there replays the calibration. Held-out rows are shapes it never ran: non-square, odd, batched and
@@ -45,7 +47,7 @@ from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
 from workbench.hardware.hostmem import reexec_with_hugepages
 from workbench.measure.calibrate import get_spec, load_or_calibrate, matmul_probe, matmul_sample, stream_out_of_place
-from workbench.measure.harness import measure_steps, random_inputs
+from workbench.measure.harness import measure, measure_steps, random_inputs
 from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
 from workbench.programs.ops import build
@@ -77,6 +79,14 @@ def machine_now(host, cal: dict):
     curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None
     return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve,
                                peak_flops={dt: v * f for dt, v in host.peak_flops.items()}), rate
+
+
+def mean_spec(a, b):
+    """The host spec whose memory rate, peaks and matmul curve are the means of two machine_now samples' (a
+    program's timing spans a minute: sampled before and after it)."""
+    curve = tuple((n, (r + q) / 2) for (n, r), (_, q) in zip(a.matmul_curve, b.matmul_curve)) if a.matmul_curve else None
+    return dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2, matmul_curve=curve,
+                               peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()})
 
 
 IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),
@@ -190,6 +200,21 @@ def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
     return rows
 
 
+def remeasure_ops(rows: list[dict], ops, repeats: int, save=None) -> list[dict]:
+    """Time every op again, minutes after its first timing (a second pass over the list): `measured_s_repeat` and
+    `repeat_change` (second / first − 1) per row. The spread between the two passes is the host's own
+    repeatability, the floor under any prediction's error on it."""
+    for row, (name, builder, sizes, dtype) in zip(rows, ops):
+        print(f"op (second timing): {name}", file=sys.stderr, flush=True)
+        fn, args = op_program(builder, sizes, dtype)
+        c = jax.jit(fn).lower(*args).compile()
+        m = measure(c, *random_inputs(args, seed=0), warmup=2, repeats=repeats)
+        row.update(measured_s_repeat=m.median_s, repeat_change=m.median_s / row["measured_s"] - 1)
+        if save:
+            save(rows, None)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ programs
 def run_worker(spec: dict) -> dict:
     """One program in this process (its device count set before JAX starts): compile, predict, time, and join a
@@ -233,8 +258,13 @@ def run_worker(spec: dict) -> dict:
                      dtype=dtype, memory_bw=bw)
         classes = {c.kernel_class: c.to_record() for c in table.classes}
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
+    again = measure_steps(step, warmup=1, repeats=int(spec.get("steps", 5)))  # after the trace: repeatability
+    if now is not None:  # the machine sampled again after the timings: the program is priced at the mean
+        now_after, rate_after = machine_now(host, load_or_calibrate(run_if_missing=False))
+        now, rate = mean_spec(now, now_after), (rate + rate_after) / 2
     pn = predict(comp.cost, now, dtype=dtype).predicted_s if now is not None else None
-    return {"predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
+    return {"measured_s_repeat": again.median_s, "repeat_change": again.median_s / m.median_s - 1,
+            "predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
             "predicted_s_now": pn, "error_now": abs(pn - m.median_s) / m.median_s if pn is not None else None,
             "stream_now_bytes_per_s": now.hbm_bw if now is not None else None, "matmul_now_flops_per_s": rate,
             "predicted_s_band": pred.predicted_s_band, "bound": pred.bound, "wide_spread": m.wide_spread,
@@ -298,6 +328,11 @@ def report(ops: list[dict], programs: list[dict], before: dict, after: dict | No
             "median_error_ops_heldout_now": _median(o.get("error_now") for o in held),
             "median_error_programs_now": _median(p.get("error_now") for p in programs),
             "kernel_classes": class_totals(programs), "calibration_drift": drift,
+            # the host's own repeatability: each row timed twice (ops: a second pass over the list, minutes later;
+            # programs: again after the trace, in the same process), median |second / first − 1|
+            "repeatability": {"ops": _median(abs(o["repeat_change"]) for o in ops if o.get("repeat_change") is not None),
+                              "programs": _median(abs(p["repeat_change"]) for p in programs
+                                                  if p.get("repeat_change") is not None)},
             "findings": before.get("findings", []) + [f"(end) {f}" for f in (after or {}).get("findings", [])],
             "n_ops_heldout": len(held), "n_programs": len([p for p in programs if p.get("error") is not None])}
 
@@ -336,10 +371,11 @@ def main(argv=None) -> dict:
             json.dump(out, f, indent=2, default=str)
         return out
 
-    ops = run_ops((QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT), before, repeats=5 if args.quick else 10,
-                  save=save)
+    op_list = QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT
+    ops = run_ops(op_list, before, repeats=5 if args.quick else 10, save=save)
     programs = [] if args.no_programs else run_programs(QUICK_PROGRAMS if args.quick else PROGRAMS,
                                                        kernels=not args.no_kernels, save=save)
+    ops = remeasure_ops(ops, op_list, repeats=5 if args.quick else 10, save=save)
     after = load_or_calibrate(force=True, quick=args.quick)
     out = save(ops, programs, after)
     Store().append(make_record("prediction_error", {"quick": args.quick, "programs": not args.no_programs},
@@ -357,7 +393,9 @@ def main(argv=None) -> dict:
         print(f"median error: held-out ops {fmt(out['median_error_ops_heldout'])}, in-sample ops "
               f"{fmt(out['median_error_ops_in_sample'])}, programs {fmt(out['median_error_programs'])} (with the "
               f"stream and the matmul sampled before each row: held-out ops "
-              f"{fmt(out['median_error_ops_heldout_now'])}, programs {fmt(out['median_error_programs_now'])}); drift "
+              f"{fmt(out['median_error_ops_heldout_now'])}, programs {fmt(out['median_error_programs_now'])}); the "
+              f"host's repeatability (each row timed twice): ops {fmt(out['repeatability']['ops'])}, programs "
+              f"{fmt(out['repeatability']['programs'])}; drift "
               f"matmul {drift['matmul_float32']:+.1%}, stream {drift['stream']:+.1%}; {args.out}")
     return out
 

@@ -216,3 +216,18 @@ def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated
     assert rate > 0 and now.hbm_bw > 0 and now.name == "host-now" and now.hbm_bw_range is None
     assert now.matmul_curve == ((128, 1e10 * f), (1024, 4e10 * f))
     assert all(abs(now.peak_flops[dt] / (host.peak_flops[dt] * f) - 1) < 1e-12 for dt in host.peak_flops)
+
+
+def test_mean_spec_averages_two_machine_samples():
+    """A program priced at the machine sampled before and after its timing: memory rate, peaks and curve averaged."""
+    import dataclasses
+
+    from benchmarks.prediction_error import mean_spec
+    from workbench.hardware.spec import get_spec
+
+    base = dataclasses.replace(get_spec("tpu-v5e"), matmul_curve=((128, 1e10), (1024, 4e10)), hbm_bw=10.0)
+    b = dataclasses.replace(base, matmul_curve=((128, 3e10), (1024, 6e10)), hbm_bw=20.0,
+                            peak_flops={dt: 3 * v for dt, v in base.peak_flops.items()})
+    m = mean_spec(base, b)
+    assert m.hbm_bw == 15.0 and m.matmul_curve == ((128, 2e10), (1024, 5e10))
+    assert all(m.peak_flops[dt] == 2 * v for dt, v in base.peak_flops.items())
