@@ -170,6 +170,9 @@ def test_a_measurement_above_the_physical_peak_is_a_finding(monkeypatch):
     assert len(found) == 1 and "exceeds the physical float32 peak" in found[0]
     cal["matmul"]["float32"]["flops_per_s_best"] = 0.95 * peak
     assert peak_findings(cal) == []
+    # a curve point measured under the peak but levelled above it (apply_matmul_level) is a finding too
+    cal["matmul_curve"] = [{"n": 512, "flops_per_s": 1.1 * peak, "flops_per_s_measured": 0.9 * peak}]
+    assert len(peak_findings(cal)) == 1 and "rate curve" in peak_findings(cal)[0]
 
 
 # ------------------------------------------------------------------------------------------ benchmark flags
