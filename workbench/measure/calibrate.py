@@ -21,9 +21,9 @@ known part (KNOWN_PARTS, each with its source), else /proc/cpuinfo's `cpu MHz` (
 VM); `physical.derivation.clock_source` names which. A measurement above the physical peak is reported in `findings`
 (one-line statements), never folded into the peak. The streaming bandwidth is sampled several times across the
 calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with. So is
-the float32 matmul (`matmul_samples`: a 2048³ matmul at the start, in the matmul phase and at the end): the matmul
-figures keep their shape from the one phase that measured them all and take their level from the median sample
-(`matmul_level`; each figure's phase value is kept as `flops_per_s_measured`).
+the float32 matmul (`matmul_level.samples`: a 2048³ matmul at the start, in the matmul phase and at the end): the
+matmul figures keep their shape from the one phase that measured them all and take their level from the median
+sample (`matmul_level.factor`; each figure's phase value is kept as `flops_per_s_measured`).
 Overrides: WORKBENCH_HOST_CLOCK_GHZ, WORKBENCH_HOST_FMA_PIPES, WORKBENCH_HOST_PEAK_<DTYPE> (FLOP/s).
 Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $WORKBENCH_CACHE_DIR
 (default ~/.cache/workbench); `workbench calibrate --force` re-measures.
