@@ -249,7 +249,8 @@ def run_worker(spec: dict) -> dict:
     host = get_spec("host")
     dtype = matmul_format(policy)["peak_dtype"]
     pred = predict(comp.cost, host, dtype=dtype)
-    now, rate = machine_now(host, load_or_calibrate(run_if_missing=False)) if spec.get("now", True) else (None, None)
+    cal = load_or_calibrate(run_if_missing=False)
+    now, rate = machine_now(host, cal) if spec.get("now", True) else (None, None)
     m = measure_steps(step, warmup=2, repeats=int(spec.get("steps", 5)), compile_s=comp.compile_s)
     classes = None
     if spec.get("kernels", True):
@@ -260,7 +261,7 @@ def run_worker(spec: dict) -> dict:
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
     again = measure_steps(step, warmup=1, repeats=int(spec.get("steps", 5)))  # after the trace: repeatability
     if now is not None:  # the machine sampled again after the timings: the program is priced at the mean
-        now_after, rate_after = machine_now(host, load_or_calibrate(run_if_missing=False))
+        now_after, rate_after = machine_now(host, cal)
         now, rate = mean_spec(now, now_after), (rate + rate_after) / 2
     pn = predict(comp.cost, now, dtype=dtype).predicted_s if now is not None else None
     return {"measured_s_repeat": again.median_s, "repeat_change": again.median_s / m.median_s - 1,

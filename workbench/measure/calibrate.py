@@ -344,11 +344,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak. The sizes
     # alternate in rounds, so a drift in the machine's load reaches every size alike (not one point of the curve)
     sizes = (128, 256, 512) if quick else (128, 256, 512, 1024, 2048, 4096)
-    progs = {}
-    for cn in sizes:
-        a = jax.ShapeDtypeStruct((cn, cn), jnp.float32)
-        x, y = random_inputs((a, a), seed=5)
-        progs[cn] = (jax.jit(lambda p, q: p @ q).lower(x, y).compile(), x, y)
+    progs = {cn: matmul_probe(cn, dev) for cn in sizes}
     times: dict[int, list[float]] = {cn: [] for cn in sizes}
     rounds = 3
     for r in range(rounds):
