@@ -79,13 +79,10 @@ class Attention(nnx.Module):
 
     def project_qkv(self, x_btd, positions_bt):
         cfg = self.cfg
-        q_btnh = self.q_dot("btd,dnh->btnh", x_btd, self.w_dnh[...])
-        k_btkh = self.k_dot("btd,dkh->btkh", x_btd, self.w_dkh_k[...])
-        v_btkh = self.v_dot("btd,dkh->btkh", x_btd, self.w_dkh_v[...])
-        if cfg.bias:
-            q_btnh = q_btnh + self.b_nh[...].astype(q_btnh.dtype)
-            k_btkh = k_btkh + self.b_kh_k[...].astype(k_btkh.dtype)
-            v_btkh = v_btkh + self.b_kh_v[...].astype(v_btkh.dtype)
+        # biases added to the float32 accumulators (models/precision.py finish_dot: one rounding)
+        q_btnh = self.q_dot("btd,dnh->btnh", x_btd, self.w_dnh[...], bias=self.b_nh[...] if cfg.bias else None)
+        k_btkh = self.k_dot("btd,dkh->btkh", x_btd, self.w_dkh_k[...], bias=self.b_kh_k[...] if cfg.bias else None)
+        v_btkh = self.v_dot("btd,dkh->btkh", x_btd, self.w_dkh_v[...], bias=self.b_kh_v[...] if cfg.bias else None)
         if cfg.pos == "rope":
             q_btnh = rope(q_btnh, positions_bt, cfg.rope_theta)
             k_btkh = rope(k_btkh, positions_bt, cfg.rope_theta)
@@ -125,7 +122,7 @@ class Attention(nnx.Module):
         return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
     def _softmax_mix(self, q_bkgth, k_bksh, v_bksh, mask):
-        s_bkgts = self.score_dot("bkgth,bksh->bkgts", q_bkgth, k_bksh).astype(jnp.float32)
+        s_bkgts = self.score_dot("bkgth,bksh->bkgts", q_bkgth, k_bksh, out_dtype=jnp.float32)
         s_bkgts = jnp.where(mask, s_bkgts, jnp.finfo(jnp.float32).min)
         p_bkgts = jax.nn.softmax(s_bkgts, axis=-1)
         return self.mix_dot("bkgts,bksh->bkgth", p_bkgts, v_bksh)
@@ -143,11 +140,10 @@ class Attention(nnx.Module):
         return 1
 
     def out(self, o_btnh):
-        y_btd = self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...])
-        if self.cfg.bias:
-            # added in float32 (the residual stream's dtype): the bias gradient then sums b*t terms in float32
-            y_btd = y_btd.astype(jnp.float32) + self.b_d[...]
-        return y_btd
+        # float32 out (the residual stream's dtype), the bias added to the accumulator: its gradient then sums b*t
+        # terms in float32
+        return self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...], bias=self.b_d[...] if self.cfg.bias else None,
+                          out_dtype=jnp.float32)
 
     def __call__(self, x_btd, positions_bt):
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
@@ -155,6 +151,10 @@ class Attention(nnx.Module):
         causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
         o_btnh = self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None], causal_blocks=self.causal_blocks(t))
         return self.out(o_btnh)
+
+
+def _gelu(u):
+    return jax.nn.gelu(u, approximate=True)
 
 
 class MLP(nnx.Module):
@@ -181,19 +181,19 @@ class MLP(nnx.Module):
         self.down_dot = policy.einsum_module(rngs=rngs)
 
     def __call__(self, x_btd):
-        u_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...])
-        if self.bias:
-            u_btf = u_btf + self.b_f[...].astype(u_btf.dtype)
+        # the bias and the activation in float32 on the dot's accumulator, one rounding to the compute dtype
+        # (models/precision.py finish_dot)
+        b_f = self.b_f[...] if self.bias else None
         if self.kind == "gelu":
-            a_btf = jax.nn.gelu(u_btf, approximate=True)
+            a_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...], bias=b_f, epilogue=_gelu)
         else:
-            g_btf = self.gate_dot("btd,df->btf", x_btd, self.w_df_gate[...])
-            a_btf = jax.nn.silu(g_btf) * u_btf
+            u_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...], bias=b_f, out_dtype=jnp.float32)
+            g_btf = self.gate_dot("btd,df->btf", x_btd, self.w_df_gate[...], out_dtype=jnp.float32)
+            a_btf = (jax.nn.silu(g_btf) * u_btf).astype(self.up_dot.out_dtype)
         a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
-        y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...])
-        if self.bias:
-            # added in float32 (the residual stream's dtype): the bias gradient then sums b*t terms in float32
-            y_btd = y_btd.astype(jnp.float32) + self.b_d[...]
+        # float32 out (the residual stream's dtype), the bias on the accumulator: its gradient sums b*t float32 terms
+        y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...], bias=self.b_d[...] if self.bias else None,
+                              out_dtype=jnp.float32)
         return y_btd, {}
 
 

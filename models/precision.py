@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from workbench.compat import varying_axes
 from workbench.errors import WorkbenchError
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -74,11 +75,41 @@ def _einsum_f32_fwd(eq, compute_dtype, x, w):
     return _acc32(eq, xc, wc), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
+def _weight_grad(eq_dw: str, xc, gc):
+    """einsum(eq_dw, xc, gc) (the d/dw product: both operands contract the labels they share with the primal input,
+    the batch and positions), float32 accumulation, with the larger operand second.
+
+    A dot kernel wants its lhs contracted on its last dimension and its rhs on its first; d/dw contracts the leading
+    (batch, positions) dimensions of both, so XLA materializes the lhs transposed. Second is where the larger one
+    needs no transpose: only the smaller operand and the (weight-sized) result move. On XLA:CPU the transpose of a
+    `small` MLP's (b·t, d_ff) activation, with its GELU recomputed inside the transposing loop, cost 121 ms a step
+    against 8 for the transposed (b·t, d_model) cotangent (docs/models.md)."""
+    if xc.size <= gc.size:
+        return _acc32(eq_dw, xc, gc)
+    ins, out = eq_dw.split("->")
+    xl, gl = ins.split(",")
+    # the result in dot order (the cotangent's free labels, then the input's), transposed to the weight's own
+    # order afterwards: written straight to `out`, einsum would put the larger operand first again
+    dot_out = "".join(lab for lab in out if lab in gl) + "".join(lab for lab in out if lab not in gl)
+    y = _acc32(f"{gl},{xl}->{dot_out}", gc, xc)
+    # the barrier keeps XLA from folding the transpose back into the dot (it would swap the operands again)
+    return jnp.transpose(jax.lax.optimization_barrier(y), [dot_out.index(lab) for lab in out])
+
+
+def _match_vma(ct, primal):
+    """Inside shard_map: psum a cotangent over the manual mesh axes it varies over and its primal does not (what
+    JAX's own transpose of the implicit pvary does; a custom VJP must do it itself). Outside: ct unchanged."""
+    extra = tuple(sorted(varying_axes(ct) - varying_axes(primal)))
+    return jax.lax.psum(ct, extra) if extra else ct
+
+
 def _einsum_f32_bwd(eq, compute_dtype, res, g):
     xc, wc, x_proto, w_proto = res
     eq_dx, eq_dw = transposed_equations(eq)
     gc = g.astype(compute_dtype)  # the cotangent as a dot operand: the compute dtype, like the forward operands
-    return _acc32(eq_dx, gc, wc).astype(x_proto.dtype), _acc32(eq_dw, xc, gc).astype(w_proto.dtype)
+    dx = _match_vma(_acc32(eq_dx, gc, wc), xc)
+    dw = _match_vma(_weight_grad(eq_dw, xc, gc), wc)
+    return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype)
 
 
 _einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
@@ -89,10 +120,15 @@ def einsum_f32(eq: str, x, w, compute_dtype=F32):
 
     Differentiable: for a compute dtype narrower than float32 both backward products (d/dx, d/dw) also take
     compute-dtype operands and accumulate and return float32, cast once to the dtype of x and w respectively. A
-    float32 compute dtype is a plain float32 einsum (JAX's derived backward already is float32 throughout)."""
-    if np.dtype(compute_dtype) == np.float32:
-        return _acc32(eq, x.astype(F32), w.astype(F32))
-    transposed_equations(eq)  # validate at trace time, with the equation in the message
+    float32 compute dtype takes the same custom VJP for its operand order (the weight gradient's larger operand
+    second: the `small` float32 step ran 1.51 -> 1.19 s traced, docs/models.md); an equation the VJP cannot
+    transpose stays a plain einsum in float32 and raises ValueError in a narrower dtype."""
+    try:
+        transposed_equations(eq)  # validate at trace time, with the equation in the message
+    except ValueError:
+        if np.dtype(compute_dtype) == np.float32:
+            return _acc32(eq, x.astype(F32), w.astype(F32))
+        raise
     return _einsum_f32(eq, compute_dtype, x, w)
 
 
@@ -119,7 +155,7 @@ def _ragged_f32_bwd(compute_dtype, res, g_rf):
     gc = g_rf.astype(compute_dtype)
     dx = jax.lax.ragged_dot(gc, jnp.swapaxes(wc, 1, 2), group_sizes, preferred_element_type=F32)
     dw = jax.lax.ragged_dot_general(xc, gc, group_sizes, _ragged_dw_dims(), preferred_element_type=F32)
-    return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype), None
+    return _match_vma(dx, xc).astype(x_proto.dtype), _match_vma(dw, wc).astype(w_proto.dtype), None
 
 
 _ragged_f32.defvjp(_ragged_f32_fwd, _ragged_f32_bwd)
@@ -133,16 +169,39 @@ def ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype=F32):
     return _ragged_f32(compute_dtype, x_rd, w_edf, group_sizes)
 
 
+def finish_dot(y, out_dtype, bias=None, epilogue=None):
+    """A dot's epilogue: `y` (its float32 accumulator) plus `bias`, then `epilogue` (an elementwise function, e.g.
+    GELU), all in float32, rounded once to `out_dtype`.
+
+    One rounding instead of one per elementwise op: a bf16 chain written op by op (bias add, then the tanh GELU's
+    seven ops) rounds to bf16 after every op, and on a CPU without bf16 vector arithmetic each rounding is a
+    convert pair that XLA:CPU does not vectorize well (the `small` bf16 step's GELU fusions ran at 4-8 GB/s,
+    docs/models.md). float32 epilogues are what the matrix units of TPUs and GPUs do too, and what PyTorch's bf16
+    kernels do per op (compute in float32, round the result)."""
+    if bias is not None or epilogue is not None:
+        y = y.astype(F32)
+        if bias is not None:
+            y = y + bias.astype(F32)
+        if epilogue is not None:
+            y = epilogue(y)
+    return y.astype(out_dtype)
+
+
 class Einsum(nnx.Module):
     """Plain einsum: cast both operands to the compute dtype, accumulate in float32 (forward and backward: einsum_f32),
-    return `out_dtype` (default: the compute dtype; float32 keeps the elementwise work between dots in float32)."""
+    return `out_dtype` (default: the compute dtype; float32 keeps the elementwise work between dots in float32).
+
+    A call may add a `bias` and apply an elementwise `epilogue` to the float32 accumulator before the one rounding
+    (finish_dot), and ask for its own `out_dtype` (float32 where the consumer works in float32: the residual stream,
+    the softmax, the loss)."""
 
     def __init__(self, compute_dtype, out_dtype=None):
         self.compute_dtype = compute_dtype
         self.out_dtype = compute_dtype if out_dtype is None else out_dtype
 
-    def __call__(self, eq: str, x, w):
-        return einsum_f32(eq, x, w, self.compute_dtype).astype(self.out_dtype)
+    def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
+        return finish_dot(einsum_f32(eq, x, w, self.compute_dtype), self.out_dtype if out_dtype is None else out_dtype,
+                          bias, epilogue)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ from flax import nnx
 from flax.linen import fp8_ops as _flax_fp8
 
 from models import precision as _precision
-from models.precision import Einsum, PrecisionPolicy
+from models.precision import Einsum, PrecisionPolicy, finish_dot
 from workbench.errors import WorkbenchError
 
 F32 = jnp.float32
@@ -357,6 +357,7 @@ class Fp8Einsum(nnx.Module):
             raise WorkbenchError(f"fp8 recipe must be 'current' or 'delayed', got {recipe!r}")
         self.spec = Fp8Spec(recipe=recipe, margin=float(margin))
         self.compute_dtype = compute_dtype
+        self.out_dtype = compute_dtype
         self.fmt = get_format(self.spec.fwd)
         n = int(history) if recipe == "delayed" else 1
         if recipe == "delayed":
@@ -382,14 +383,14 @@ class Fp8Einsum(nnx.Module):
             setattr(self, name, Fp8Meta(v))
         return sx, sw
 
-    def __call__(self, eq: str, x, w):
+    def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
         sx, sw = self.scales(x, w)
         if self.spec.recipe == "delayed":
             gs, gh = self.g_scale[...], self.g_amax_history[...]
         else:
             gs, gh = jnp.ones((), F32), jnp.zeros((1,), F32)
         y = fp8_einsum(eq, self.spec, x, w, sx, sw, gs, gh)
-        return y.astype(self.compute_dtype)
+        return finish_dot(y, self.compute_dtype if out_dtype is None else out_dtype, bias, epilogue)
 
 
 class MxEinsum(nnx.Module):
@@ -398,9 +399,11 @@ class MxEinsum(nnx.Module):
     def __init__(self, spec: MxSpec, compute_dtype=jnp.bfloat16):
         self.spec = spec
         self.compute_dtype = compute_dtype
+        self.out_dtype = compute_dtype
 
-    def __call__(self, eq: str, x, w):
-        return mx_einsum(eq, self.spec, x, w).astype(self.compute_dtype)
+    def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
+        return finish_dot(mx_einsum(eq, self.spec, x, w), self.compute_dtype if out_dtype is None else out_dtype, bias,
+                          epilogue)
 
 
 # ---------------------------------------------------------------------------------------------------------------

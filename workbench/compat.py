@@ -21,6 +21,8 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 - `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
 - residuals saved for the backward: `jax._src.ad_checkpoint.saved_residuals` in both (the list behind the public
   `jax.ad_checkpoint.print_saved_residuals`). -> `saved_residual_bytes(fn, *args, skip_args=)`
+- varying manual axes of a value inside shard_map: `jax.typeof(x).vma` in 0.10,
+  `jax.typeof(x).manual_axis_type.varying` in 0.12. -> `varying_axes(x)` (empty outside shard_map)
 - TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
 
 The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
@@ -161,3 +163,12 @@ def saved_residual_bytes(fn, *args, skip_args: tuple[str, ...] = ()) -> float:
             continue
         total += float(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
     return total
+
+
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes `x` varies over inside jax.shard_map (its varying-manual-axes type); empty outside."""
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(t, "vma", ()) or ())

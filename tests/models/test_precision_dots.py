@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.precision import einsum_f32, get_policy, ragged_dot_f32, transposed_equations
+from models.precision import Einsum, einsum_f32, finish_dot, get_policy, ragged_dot_f32, transposed_equations
 from models.presets import get_config
 from partitioning.mesh import make_mesh
+from workbench.compat import shard_map
 from workbench.cost.hlo import parse_dots
 from workbench.programs.data import Batches, shard_batch
 from workbench.programs.train import build_train_step
@@ -57,7 +58,69 @@ def test_backward_products_accumulate_in_float32(dtype):
     assert np.abs(narrow - ref).max() > 10 * np.abs(np.asarray(dw, np.float64) - ref).max()
 
 
-def test_einsum_f32_float32_is_a_plain_einsum():
+@pytest.mark.parametrize("eq,xs,ws", [("btd,df->btf", (2, 16, 8), (8, 64)),   # d/dw: the cotangent is larger
+                                       ("btd,df->btf", (2, 16, 64), (64, 8)),  # d/dw: the input is larger
+                                       ("btd,dnh->btnh", (2, 16, 32), (32, 4, 8))])
+def test_weight_gradient_either_operand_order(eq, xs, ws):
+    """d/dw puts the larger operand second (a dot kernel then transposes only the smaller one and the weight-sized
+    result): either order gives the float64 product of the rounded operands, in the weight's own label order."""
+    k = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(k[0], xs, jnp.float32)
+    w = jax.random.normal(k[1], ws, jnp.float32)
+    y_shape = jax.eval_shape(lambda: jnp.einsum(eq, x, w)).shape
+    ct = jax.random.normal(k[2], y_shape, jnp.float32)
+    eq_dx, eq_dw = transposed_equations(eq)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        dw = jax.grad(lambda w: jnp.sum(einsum_f32(eq, x, w, dtype) * ct))(w)
+        assert dw.shape == w.shape and dw.dtype == jnp.float32
+        assert_close(dw, np.einsum(eq_dw, _round(x, dtype), _round(ct, dtype)), "float32", scale=10)
+
+
+def test_epilogue_rounds_once():
+    """bias + GELU on the float32 accumulator, one rounding to bf16 (finish_dot): exactly round(gelu(acc + b)) of
+    the float32 computation, and closer to the float64 result than the op-by-op bf16 chain it replaced."""
+    k = jax.random.split(jax.random.key(4), 3)
+    x = jax.random.normal(k[0], (4, 32, 64), jnp.float32)
+    w = jax.random.normal(k[1], (64, 128), jnp.float32) / 8
+    b = jax.random.normal(k[2], (128,), jnp.float32)
+    gelu = lambda u: jax.nn.gelu(u, approximate=True)  # noqa: E731
+    y = Einsum(jnp.bfloat16)("btd,df->btf", x, w, bias=b, epilogue=gelu)
+    assert y.dtype == jnp.bfloat16
+    acc = einsum_f32("btd,df->btf", x, w, jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(gelu(acc + b).astype(jnp.bfloat16), np.float32))
+    u64 = np.einsum("btd,df->btf", _round(x, jnp.bfloat16), _round(w, jnp.bfloat16)) + np.asarray(b, np.float64)
+    ref = 0.5 * u64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (u64 + 0.044715 * u64 ** 3)))
+    chain = gelu(acc.astype(jnp.bfloat16) + b.astype(jnp.bfloat16))  # the bf16 chain: a rounding after every op
+    err_once = np.abs(np.asarray(y, np.float64) - ref).mean()
+    err_chain = np.abs(np.asarray(chain.astype(jnp.float32), np.float64) - ref).mean()
+    assert err_once < err_chain
+    # no bias, no epilogue: a plain cast; a float32 out_dtype keeps the accumulator
+    np.testing.assert_array_equal(finish_dot(acc, jnp.float32), acc)
+
+
+def test_custom_vjp_gradients_inside_shard_map():
+    """Inside shard_map the weight is the same on every shard of the batch axis, its per-shard gradients differ: the
+    custom VJP sums them over that axis (what JAX's own transpose of the implicit pvary does), so the gradient
+    equals the unsharded one."""
+    mesh = make_mesh("data=8")
+    P = jax.sharding.PartitionSpec
+    k = jax.random.split(jax.random.key(5), 2)
+    x = jax.random.normal(k[0], (16, 8, 16), jnp.float32)
+    w = jax.random.normal(k[1], (16, 8), jnp.float32)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        def loss(x, w, dtype=dtype):
+            y = shard_map(lambda xs, ws: einsum_f32("btd,df->btf", xs, ws, dtype), mesh=mesh,
+                          in_specs=(P("data"), P()), out_specs=P("data"))(x, w)
+            return jnp.sum(y ** 2)
+
+        def ref(x, w, dtype=dtype):
+            return jnp.sum(einsum_f32("btd,df->btf", x, w, dtype) ** 2)
+
+        for a, r in zip(jax.jit(jax.grad(loss, (0, 1)))(x, w), jax.grad(ref, (0, 1))(x, w)):
+            assert_close(a, r, "float32", scale=10)
+
+
+def test_einsum_f32_float32_gradients_equal_plain_einsum():
     x = jax.random.normal(jax.random.key(1), (8, 16))
     w = jax.random.normal(jax.random.key(2), (16, 4))
     g = jax.grad(lambda x, w: jnp.sum(einsum_f32("md,dn->mn", x, w) ** 2), (0, 1))(x, w)
