@@ -38,10 +38,12 @@ import time
 import jax
 import numpy as np
 
+from models.analytics import analytics
 from models.presets import get_config
 from models.transformer import Transformer, count_params
 from partitioning.mesh import make_mesh
-from workbench.measure.calibrate import bf16_isa, cpu_features
+from workbench.errors import WorkbenchError
+from workbench.measure.calibrate import bf16_isa, cpu_features, get_spec
 from workbench.measure.harness import measure_steps
 from workbench.programs.data import Batches, shard_batch
 from workbench.programs.train import build_train_step, default_learning_rate
@@ -228,6 +230,22 @@ def _ask(p, line=None) -> dict:
     return json.loads(out)
 
 
+def mfu_ceilings(precisions) -> dict[str, dict[str, float | None]]:
+    """Per precision: the host's measured XLA ceiling (`workbench calibrate`, the faster dot form) and its physical
+    peak (cores x FLOP/cycle x clock, from the CPU's features) for the dtype the precision's dots run in."""
+    try:
+        spec = get_spec("host")
+    except WorkbenchError as e:  # no calibration and none could be made: MFU is left out, not guessed
+        print(f"peer: no host calibration ({e}); MFU left out", file=sys.stderr)
+        return {}
+    out = {}
+    for p in precisions:
+        dt = "bfloat16" if p == "bf16" else "float32"
+        phys = (spec.physical_peak_flops or {})
+        out[p] = {"measured": spec.peak(dt), "physical": phys.get(spec.peak_dtype(dt)) or phys.get("float32")}
+    return out
+
+
 def summarize_side(times: list[float], tokens: int, ready: dict, loss_last: float) -> dict:
     t = np.asarray(times)
     return {"step_s": float(np.median(t)), "step_s_min": float(t.min()),
@@ -303,9 +321,16 @@ def main(argv=None):
            "load_average_before": load_before, "load_average_after": load_after,
            "contended": max(load_before[0], load_after[0]) > cores,
            "precisions": {}}
+    model_flops = analytics(cfg, cfg.seq_len)["train_flops_per_token"] * tokens
+    out["model_flops_per_step"] = model_flops
+    ceilings = mfu_ceilings(precisions)
     for p in precisions:
         sides = {s: summarize_side(times[(p, s)], tokens, ready[(p, s)], last[(p, s)]) for s in SIDES}
+        for s in SIDES:  # the same model on both sides: one flop count, each side's own step time
+            for kind, peak in ceilings.get(p, {}).items():
+                sides[s][f"mfu_{kind}"] = model_flops / sides[s]["step_s"] / peak if peak else None
         sides["ratio_tokens_per_s"] = sides["workbench"]["tokens_per_s"] / sides["torch"]["tokens_per_s"]
+        sides["ceilings_flops_per_s"] = ceilings.get(p, {})
         out["precisions"][p] = sides
     if "float32" in out["precisions"] and "bf16" in out["precisions"]:
         out["bf16_step_over_float32"] = {s: out["precisions"]["bf16"][s]["step_s"] /
@@ -319,9 +344,16 @@ def main(argv=None):
     with open(a.out, "w") as f:
         json.dump(out, f, indent=2)
     png = peer_chart(out, os.path.splitext(a.out)[0] + ".png")
-    print(f"{'precision':>9} {'workbench s/step':>16} {'PyTorch s/step':>14} {'tokens/s ratio':>14}")
+    print(f"{'precision':>9} {'workbench s/step':>16} {'PyTorch s/step':>14} {'tokens/s ratio':>14} "
+          f"{'MFU measured (wb / pt)':>22} {'MFU physical (wb / pt)':>22}")
+
+    def pair(v, key):
+        a, b = v["workbench"].get(key), v["torch"].get(key)
+        return f"{a:.0%} / {b:.0%}" if a is not None and b is not None else "—"
+
     for p, v in out["precisions"].items():
-        print(f"{p:>9} {v['workbench']['step_s']:>16.3f} {v['torch']['step_s']:>14.3f} {v['ratio_tokens_per_s']:>13.2f}×")
+        print(f"{p:>9} {v['workbench']['step_s']:>16.3f} {v['torch']['step_s']:>14.3f} {v['ratio_tokens_per_s']:>13.2f}× "
+              f"{pair(v, 'mfu_measured'):>22} {pair(v, 'mfu_physical'):>22}")
     if "bf16_step_over_float32" in out:
         print("bf16 step / float32 step: " + ", ".join(f"{s} {r:.2f}" for s, r in out["bf16_step_over_float32"].items()))
     if out["contended"]:

@@ -172,7 +172,8 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     from workbench.cli import main
     from workbench.results.store import Store
 
-    fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu")
+    fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu",
+                               physical_peak_flops={"float32": 3.0e11})
     real = train.get_spec  # workbench.measure.calibrate.get_spec, as train imported it
     monkeypatch.setattr(train, "get_spec", lambda name, **kw: fake if name == "host" else real(name, **kw))
     main(["run", "--preset", "tiny", "--strategy", "fsdp+tp", "--mesh", "data=2,model=4", "--devices", "8",
@@ -190,6 +191,7 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     assert len(out["losses"]) == 4
     flops = analytics(get_config("tiny"))["train_flops_per_token"] * 8 * 64
     assert out["mfu"] == pytest.approx(flops / out["step_s"] / fake.peak("float32"), rel=1e-9)
+    assert out["mfu_physical"] == pytest.approx(flops / out["step_s"] / 3.0e11, rel=1e-9)  # beside it: the physical
     assert 0.9 < out["replication"] < 1.5
     assert any(k.endswith("@model") for k in out["collectives"])
     recs = Store().records("train")

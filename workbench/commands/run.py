@@ -19,7 +19,7 @@ from workbench.results.store import Store, make_record
 from workbench.results.waterfall import attach_waterfall
 
 SUMMARY_KEYS = ("strategy", "mesh", "n_devices", "precision", "batch_size", "seq_len", "steps", "losses", "val_loss",
-                "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_note", "replication",
+                "val_losses", "unigram_baseline_val", "step_s", "tokens_per_s", "mfu", "mfu_physical", "mfu_note", "replication",
                 "collectives", "params_total", "compile_s", "hardware")
 DISTRIBUTED_KEYS = ("processes", "hosts", "first_step", "resumed_from_step", "loss_history", "checkpoint")
 
@@ -165,7 +165,8 @@ def register(app: typer.Typer) -> None:
         print(f"{preset} {r['strategy']} on {m.shape} ({r['precision']}, {r['precision_reason']})")
         print_table([{"first loss": losses[0], "last loss": losses[-1], "val loss": r["val_loss"],
                       "unigram": r["unigram_baseline_val"], "step_s": r["step_s"], "tokens/s": r["tokens_per_s"],
-                      "MFU": r["mfu"], "predicted_s": summary["predicted_step_s"], "replication": r["replication"]}])
+                      "MFU": r["mfu"], **({"MFU physical": r["mfu_physical"]} if r.get("mfu_physical") else {}),
+                      "predicted_s": summary["predicted_step_s"], "replication": r["replication"]}])
         if r.get("pipeline"):
             pl = r["pipeline"]
             print(f"pipeline: {pl['schedule']}, {pl['stages']} stages x {pl['microbatches']} microbatches"

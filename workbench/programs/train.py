@@ -41,6 +41,7 @@ from workbench.cost.compile import compile_program
 from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
+from workbench.hardware.spec import dtype_name
 from workbench.measure.calibrate import get_spec
 from workbench.measure.explain import explain_step
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
@@ -381,6 +382,8 @@ class TrainResult:
     waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
     kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
     pipeline: dict | None = None  # pp strategies: schedule, analytic bubble, its predicted seconds (bubble_terms)
+    physical_ceiling_flops: float | None = None  # CPU hosts: the precision's physical peak (derived from the CPU's
+    #                                              features: cores x FLOP/cycle x clock), the ceiling of mfu_physical
 
     @property
     def n_devices(self) -> int:
@@ -413,6 +416,14 @@ class TrainResult:
         return self.model_flops_causal_per_step / self.step_s / self.mfu_ceiling_flops
 
     @property
+    def mfu_physical(self) -> float | None:
+        """As mfu, against the physical peak of the priced dtype (CPU hosts: XLA's measured ceiling may sit below or
+        above it; both are reported)."""
+        if not (self.step_s and self.physical_ceiling_flops):
+            return None
+        return self.model_flops_per_step / self.step_s / self.physical_ceiling_flops
+
+    @property
     def replication(self) -> float | None:
         return self.per_device_flops * self.n_devices / self.model_flops_per_step if self.model_flops_per_step else None
 
@@ -427,7 +438,8 @@ class TrainResult:
             "unigram_baseline_val": self.unigram_baseline_val, "final_metrics": dict(self.final_metrics),
             "step_s": self.step_s, "step_s_iqr": self.measurement.iqr_s if self.measurement else None,
             "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "mfu_ceiling_flops": self.mfu_ceiling_flops,
-            "mfu_note": self.mfu_note, "model_flops_per_step": self.model_flops_per_step,
+            "mfu_note": self.mfu_note, "mfu_physical": self.mfu_physical,
+            "physical_ceiling_flops": self.physical_ceiling_flops, "model_flops_per_step": self.model_flops_per_step,
             "model_flops_convention": "train_flops_per_token (6N + 12*L*n_heads*head_dim*seq, full attention) x tokens",
             "replication": self.replication,
             "replication_note": "sum over devices of compiled per-device flops / analytic model flops per step "
@@ -464,6 +476,18 @@ def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     spec = get_spec(hardware)
     mult = 1 if spec.kind == "cpu" else n_devices
     return spec, spec.peak(dtype) * mult, f"ceiling: {mult} x {spec.name} peak"
+
+
+def _physical_ceiling(spec, dtype: str) -> float | None:
+    """The host's physical peak FLOP/s for `dtype` (its own entry, else the next wider format's, as spec.peak does);
+    None off a calibrated CPU host."""
+    phys = getattr(spec, "physical_peak_flops", None) if spec is not None else None
+    if not phys:
+        return None
+    for d in (spec.peak_dtype(dtype), dtype_name(dtype), "float32"):
+        if phys.get(d):
+            return float(phys[d])
+    return None
 
 
 def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size: int = 8,
@@ -640,6 +664,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
         waterfall=explained[0].to_record() if explained else None,
         kernel_classes=explained[1].to_record(top=15) if explained else None,
+        physical_ceiling_flops=_physical_ceiling(spec, price_dtype),
         first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
         hosts=hosts,

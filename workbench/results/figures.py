@@ -219,6 +219,12 @@ def peer_chart(result: dict, path: str) -> str:
         v = result["precisions"][p]
         top = max(v["workbench"]["tokens_per_s"], v["torch"]["tokens_per_s"])
         ax.text(i, top * 1.03, f"{v['ratio_tokens_per_s']:.2f}×", ha="center", fontsize=9)
+        for kind, style in (("physical", "-"), ("measured", ":")):  # tokens/s were every flop at that ceiling
+            peak = (v.get("ceilings_flops_per_s") or {}).get(kind)
+            if peak and result.get("model_flops_per_step"):
+                tps = peak / result["model_flops_per_step"] * result["tokens_per_step"]
+                ax.hlines(tps, i - 2 * w * 0.6, i + 2 * w * 0.6, colors="black", linestyles=style, linewidth=1,
+                          label=f"at the {kind} peak" if i == 0 else None)
     ax.set_xticks(range(len(precs)), precs)
     ax.set_ylabel("tokens/s (median step)")
     note = " — contended: void for reporting" if result.get("contended") else ""
