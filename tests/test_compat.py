@@ -25,6 +25,24 @@ def test_mesh_axes_are_auto_and_shard_map_is_jax_own():
     assert jnp.allclose(jax.jit(f)(x), x.sum(0, keepdims=True))
 
 
+def test_varying_axes_inside_and_outside_shard_map():
+    """The manual axes a value varies over: the sharded axis for a sharded input, none for a replicated one or a
+    psum's result, and none outside shard_map (whichever spelling the jax version has)."""
+    m = compat.make_mesh((2, 4), ("data", "model"))
+    P = jax.sharding.PartitionSpec
+    seen = {}
+
+    def body(x, w):
+        seen["x"], seen["w"] = compat.varying_axes(x), compat.varying_axes(w)
+        seen["sum"] = compat.varying_axes(jax.lax.psum(x, "data"))
+        return x
+
+    jax.jit(compat.shard_map(body, mesh=m, in_specs=(P("data"), P()), out_specs=P("data")))(
+        jnp.ones((4, 3)), jnp.ones((3,)))
+    assert seen == {"x": frozenset({"data"}), "w": frozenset(), "sum": frozenset()}
+    assert compat.varying_axes(jnp.ones(3)) == frozenset()
+
+
 class _C:
     def __init__(self, ca=None, exc=None):
         self.ca, self.exc = ca, exc

@@ -230,7 +230,7 @@ def peer_chart(result: dict, path: str) -> str:
     note = " — contended: void for reporting" if result.get("contended") else ""
     ax.set_title(f"{result['preset']}, batch {result['batch']}×{result['seq_len']}, one process each, alternating{note}",
                  fontsize=8)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
     return _save(fig, path)
 
