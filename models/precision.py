@@ -77,8 +77,8 @@ def _einsum_f32_fwd(eq, compute_dtype, x, w):
 
 def _weight_grad(eq_dw: str, xc, gc):
     """einsum(eq_dw, xc, gc) in float32: on XLA:CPU with the larger operand second (_weight_grad_cpu); other
-    backends lay out their own dot operands (on TPU the CPU form's barrier costs memory: host offloading kept more
-    in HBM, tests/programs/test_tpu_programs.py), so they get the plain product. Chosen when lowering, per
+    backends lay out their own dot operands and get the plain product (on TPU the CPU form, swapped operands behind
+    an optimization barrier, made host offloading keep more in HBM: tests/programs/test_tpu_programs.py). Chosen when lowering, per
     platform (jax.lax.platform_dependent), so an ahead-of-time TPU compile from a CPU host takes the TPU form."""
     return jax.lax.platform_dependent(xc, gc, cpu=functools.partial(_weight_grad_cpu, eq_dw),
                                       default=functools.partial(_acc32, eq_dw))

@@ -21,8 +21,8 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 - `jax.experimental.roofline`: present in both. -> `experimental_roofline()` (None where a jax lacks it)
 - residuals saved for the backward: `jax._src.ad_checkpoint.saved_residuals` in both (the list behind the public
   `jax.ad_checkpoint.print_saved_residuals`). -> `saved_residual_bytes(fn, *args, skip_args=)`
-- varying manual axes of a value inside shard_map: `jax.typeof(x).vma` in 0.10,
-  `jax.typeof(x).manual_axis_type.varying` in 0.12. -> `varying_axes(x)` (empty outside shard_map)
+- varying manual axes of a value inside shard_map: `jax.typeof(x).manual_axis_type.varying` in both (older jax
+  spelled it `.vma`, still read as a fallback). -> `varying_axes(x)` (empty outside shard_map)
 - TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
 
 The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
