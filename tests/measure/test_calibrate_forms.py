@@ -52,3 +52,24 @@ def test_matmul_figures_take_the_median_samples_level():
     steady = {"matmul": {"float32": {"n": 2048, "flops_per_s": 100e9}}, "matmul_curve": []}
     assert apply_matmul_level(steady, {"start": 99e9, "middle": 100e9, "end": 104e9}) == []
     assert steady["matmul"]["float32"]["flops_per_s"] == 100e9  # the phase was the median: unchanged
+
+
+def test_every_dtype_and_form_alternates_in_rounds(monkeypatch):
+    """The (dtype, form) pairs are measured round by round, all of them in each round, so a slow spell of the machine
+    reaches every dtype alike: the order of the measurements is the pair list repeated, never one dtype's rounds
+    back to back."""
+    import workbench.measure.calibrate as cal
+
+    order = []
+    real = cal.measure
+
+    def spy(c, x, y, **kw):
+        order.append((str(x.dtype), c.as_text().count("f32[") > 0))
+        return real(c, x, y, **kw)
+
+    monkeypatch.setattr(cal, "measure", spy)
+    mm, _ = matmul_ceilings(64, 3, jax.devices()[0], {"flags": []}, quiet=True)
+    pairs = sum(len(v) for v in MATMUL_FORMS.values())
+    assert len(order) == 3 * pairs and all(v["rounds"] == 3 for d in mm.values() for v in d["forms"].values())
+    assert order[:pairs] == order[pairs:2 * pairs] == order[2 * pairs:]
+    assert len({o[0] for o in order[:pairs]}) == len(MATMUL_FORMS)

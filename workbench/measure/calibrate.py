@@ -46,7 +46,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 16
+CALIBRATION_VERSION = 17
 
 
 def cache_dir() -> str:
@@ -266,31 +266,35 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
     mm: dict[str, Any] = {}
     findings: list[str] = []
     fl = 2.0 * n**3
+    all_forms: dict[str, dict[str, dict]] = {}
+    runs = []  # (dtype, result dtype, compiled, x, y)
     for dt, results in MATMUL_FORMS.items():
         a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
         x, y = random_inputs((a, a), seed=1)
         x, y = jax.device_put(x, dev), jax.device_put(y, dev)
-        forms: dict[str, dict] = {}
-        compiled = {}
+        all_forms[dt] = {}
         for rt in results:
             f = jax.jit(lambda p, q, rt=jnp.dtype(rt): jax.lax.dot(p, q, preferred_element_type=rt))
             try:
-                compiled[rt] = f.lower(x, y).compile()
+                runs.append((dt, rt, f.lower(x, y).compile(), x, y))
             except Exception as e:  # noqa: BLE001 - an unsupported form is a finding, not a failed calibration
-                forms[rt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-        # the forms alternate in rounds, so a drift in the machine's load reaches every form alike
-        rounds = 3 if len(compiled) > 1 else 1
-        times: dict[str, list[float]] = {rt: [] for rt in compiled}
-        for r in range(rounds):
-            for rt, c in compiled.items():
-                _say(f"calibrate: {dt} matmul {n}³ through XLA, {rt} result"
-                     + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""), quiet)
-                times[rt] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
-        for rt, ts in times.items():
-            m = summarize(ts, warmup=2, calls=1, compile_s=None)
-            forms[rt] = {"n": n, "result_dtype": rt, "flops_per_s": fl / m.median_s,
-                         "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2, "flops_per_s_best": fl / m.min_s,
-                         "spread": m.spread, "wide_spread": m.wide_spread, "rounds": rounds}
+                all_forms[dt][rt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    # every (dtype, form) alternates in rounds, so a slow spell of the machine reaches every dtype and form alike
+    # (measured one dtype after another, a spell once put the bf16 ceiling at 206 GFLOP/s while the fp8 forms,
+    # the same bf16 dots after a conversion, ran at 323-335)
+    rounds = 3 if len(runs) > 1 else 1
+    times: dict[tuple[str, str], list[float]] = {(dt, rt): [] for dt, rt, *_ in runs}
+    for r in range(rounds):
+        for dt, rt, c, x, y in runs:
+            _say(f"calibrate: {dt} matmul {n}³ through XLA, {rt} result"
+                 + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""), quiet)
+            times[(dt, rt)] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
+    for (dt, rt), ts in times.items():
+        m = summarize(ts, warmup=2, calls=1, compile_s=None)
+        all_forms[dt][rt] = {"n": n, "result_dtype": rt, "flops_per_s": fl / m.median_s,
+                             "flops_per_s_iqr": fl * m.iqr_s / m.median_s**2, "flops_per_s_best": fl / m.min_s,
+                             "spread": m.spread, "wide_spread": m.wide_spread, "rounds": rounds}
+    for dt, forms in all_forms.items():
         ok = {rt: v for rt, v in forms.items() if "flops_per_s" in v}
         for rt, v in forms.items():
             if "error" in v:
