@@ -39,7 +39,9 @@ import jax
 import numpy as np
 
 from models.analytics import analytics
+from models.precision import get_policy
 from models.presets import get_config
+from models.quant import matmul_format
 from models.transformer import Transformer, count_params
 from partitioning.mesh import make_mesh
 from workbench.errors import WorkbenchError
@@ -238,12 +240,8 @@ def mfu_ceilings(precisions) -> dict[str, dict[str, float | None]]:
     except WorkbenchError as e:  # no calibration and none could be made: MFU is left out, not guessed
         print(f"peer: no host calibration ({e}); MFU left out", file=sys.stderr)
         return {}
-    out = {}
-    for p in precisions:
-        dt = "bfloat16" if p == "bf16" else "float32"
-        phys = (spec.physical_peak_flops or {})
-        out[p] = {"measured": spec.peak(dt), "physical": phys.get(spec.peak_dtype(dt)) or phys.get("float32")}
-    return out
+    dts = {p: matmul_format(get_policy(p))["peak_dtype"] for p in precisions}
+    return {p: {"measured": spec.peak(dt), "physical": spec.physical_peak(dt)} for p, dt in dts.items()}
 
 
 def summarize_side(times: list[float], tokens: int, ready: dict, loss_last: float) -> dict:

@@ -102,3 +102,13 @@ def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
     assert spec.matmul_rate(math.sqrt(128 * 1024), "float32") == pytest.approx(2.5e12 * scale_f32, rel=1e-12)
     assert spec.matmul_rate(2048, "bfloat16") == pytest.approx((4e12 + 0.5 * 1e12) * 100e12 / 5e12, rel=1e-12)
     assert spec.matmul_rate(8192, "bfloat16") == pytest.approx(100e12)  # the top of the curve is the dtype's peak
+
+
+def test_physical_peak_follows_the_peak_fallback_chain():
+    """A host spec's physical peak for a dtype: its own entry, else the next wider format's (as peak()); catalogue
+    chips carry none (their peak is the physical one)."""
+    chip = next(iter(catalogue().values()))
+    assert chip.physical_peak("bfloat16") is None
+    host = dataclasses.replace(chip, name="host", kind="cpu", physical_peak_flops={"float32": 1e11, "bfloat16": 2e11})
+    assert host.physical_peak("bfloat16") == 2e11 and host.physical_peak("float8_e4m3fn") == 2e11
+    assert dataclasses.replace(host, physical_peak_flops={"float32": 1e11}).physical_peak("bfloat16") == 1e11

@@ -30,6 +30,20 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def _fallback_chain(d: str) -> list[str]:
+    """The formats whose rate prices a `d` matmul where a chip has no units for `d`: itself first, then the next
+    wider ones (fp8 -> bfloat16, float16 -> bfloat16, bfloat16 -> float32, ...)."""
+    return {"float8_e4m3fn": ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "bfloat16", "float32"],
+            "float8_e5m2": ["float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn", "bfloat16", "float32"],
+            "float4_e2m1fn": ["float4_e2m1fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
+            "float6_e2m3fn": ["float6_e2m3fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
+            "float6_e3m2fn": ["float6_e3m2fn", "float8_e5m2", "float8_e5m2fnuz", "bfloat16", "float32"],
+            "int8": ["int8", "bfloat16", "float32"],
+            "float16": ["float16", "bfloat16", "float32"],
+            "bfloat16": ["bfloat16", "float32"],
+            "float64": ["float64", "float32"]}.get(d, [d, "float32"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     source: str
@@ -120,19 +134,18 @@ class HardwareSpec:
         (fp8 → bfloat16, int8 → bfloat16, float16 → bfloat16, bfloat16 → float32); say so via peak_dtype()."""
         return self.peak_flops[self.peak_dtype(dtype)]
 
+    def physical_peak(self, dtype) -> float | None:
+        """Host specs: the physical peak FLOP/s for `dtype` (derived from the CPU's features), through the same
+        fallback chain as peak(); None where the spec has none (catalogue chips: their peak is the physical one)."""
+        for c in _fallback_chain(dtype_name(dtype)):
+            if (self.physical_peak_flops or {}).get(c):
+                return float(self.physical_peak_flops[c])
+        return None
+
     def peak_dtype(self, dtype) -> str:
         """Which catalogue entry prices `dtype` on this chip (itself when present, else the fallback chain)."""
         d = dtype_name(dtype)
-        chain = {"float8_e4m3fn": ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "bfloat16", "float32"],
-                 "float8_e5m2": ["float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn", "bfloat16", "float32"],
-                 "float4_e2m1fn": ["float4_e2m1fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
-                 "float6_e2m3fn": ["float6_e2m3fn", "float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float32"],
-                 "float6_e3m2fn": ["float6_e3m2fn", "float8_e5m2", "float8_e5m2fnuz", "bfloat16", "float32"],
-                 "int8": ["int8", "bfloat16", "float32"],
-                 "float16": ["float16", "bfloat16", "float32"],
-                 "bfloat16": ["bfloat16", "float32"],
-                 "float64": ["float64", "float32"]}.get(d, [d, "float32"])
-        for c in chain:
+        for c in _fallback_chain(d):
             if c in self.peak_flops:
                 return c
         raise WorkbenchError(f"{self.name} has no peak for dtype {d}; known: {', '.join(self.peak_flops)}")

@@ -41,7 +41,6 @@ from workbench.cost.compile import compile_program
 from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
-from workbench.hardware.spec import dtype_name
 from workbench.measure.calibrate import get_spec
 from workbench.measure.explain import explain_step
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
@@ -478,18 +477,6 @@ def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     return spec, spec.peak(dtype) * mult, f"ceiling: {mult} x {spec.name} peak"
 
 
-def _physical_ceiling(spec, dtype: str) -> float | None:
-    """The host's physical peak FLOP/s for `dtype` (its own entry, else the next wider format's, as spec.peak does);
-    None off a calibrated CPU host."""
-    phys = getattr(spec, "physical_peak_flops", None) if spec is not None else None
-    if not phys:
-        return None
-    for d in (spec.peak_dtype(dtype), dtype_name(dtype), "float32"):
-        if phys.get(d):
-            return float(phys[d])
-    return None
-
-
 def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size: int = 8,
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
@@ -664,7 +651,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
         waterfall=explained[0].to_record() if explained else None,
         kernel_classes=explained[1].to_record(top=15) if explained else None,
-        physical_ceiling_flops=_physical_ceiling(spec, price_dtype),
+        physical_ceiling_flops=spec.physical_peak(price_dtype) if spec is not None else None,
         first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
         hosts=hosts,
