@@ -8,7 +8,8 @@ error = |predicted − measured| / measured, signed_error, in_sample), `median_e
 time summed over the programs' traced steps, from workbench.measure.kernels) and `calibration_drift` (a fresh calibration at
 the start and another at the end: how far the machine moved meanwhile). Every row is priced twice: with the opening
 calibration (`predicted_s`, `error`: what a user gets from a cached calibration) and with the machine's state sampled
-just before the row is timed, the out-of-place stream and the calibration's float32 matmul probe (`predicted_s_now`,
+just before the row is timed, the out-of-place stream, the calibration's float32 matmul probe and its exp probe (the
+vector units' rate: special functions, conversions, in-cache reductions) (`predicted_s_now`,
 `error_now`, `stream_now_bytes_per_s`, `matmul_now_flops_per_s`; medians `median_error_ops_heldout_now`,
 `median_error_programs_now`): on a VM whose memory bandwidth and matmul rate move by tens of percent within minutes,
 the second separates the machine's drift from the model's error. Every row is also timed twice (`measured_s_repeat`,
@@ -46,7 +47,15 @@ from partitioning.mesh import make_mesh
 from workbench.cost.compile import compile_program
 from workbench.hardware.devices import request_devices
 from workbench.hardware.hostmem import reexec_with_hugepages
-from workbench.measure.calibrate import get_spec, load_or_calibrate, matmul_probe, matmul_sample, stream_out_of_place
+from workbench.measure.calibrate import (
+    get_spec,
+    load_or_calibrate,
+    matmul_probe,
+    matmul_sample,
+    stream_out_of_place,
+    vector_probe,
+    vector_sample,
+)
 from workbench.measure.harness import measure, measure_steps, random_inputs
 from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
@@ -65,8 +74,9 @@ def machine_now(host, cal: dict):
     """`host` with its memory rate and its matmul level replaced by the machine's state sampled now: the
     out-of-place stream (workbench.measure.calibrate) over the calibration's buffer size (3 repeats, a few seconds)
     and the calibration's float32 matmul probe (3 repeats, about a second), every matmul figure scaled by the probe's
-    rate over the calibration's level for it. The machine's own drift between the calibration and a row is then
-    apart from the model's error: rows carry both predictions."""
+    rate over the calibration's level for it, and the vector-unit rates by its exp probe's (vector_now). The
+    machine's own drift between the calibration and a row is then apart from the model's error: rows carry both
+    predictions."""
     nel = max(int(cal["stream"]["buffer_bytes"]) // 4, 1 << 20)
     n = int((cal.get("matmul_level") or {}).get("n") or cal["matmul"]["float32"]["n"])
     if _BUF.get("n") != nel:
@@ -77,16 +87,35 @@ def machine_now(host, cal: dict):
     rate = matmul_sample(_BUF["probe"], 3)
     f = rate / cal["matmul"]["float32"]["flops_per_s"]
     curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None
+    vec = vector_now(host, cal)
     return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve,
-                               peak_flops={dt: v * f for dt, v in host.peak_flops.items()}), rate
+                               peak_flops={dt: v * f for dt, v in host.peak_flops.items()}, **vec), rate
+
+
+VECTOR_FIELDS = ("transcendentals_per_s", "convert_per_s", "reduce_per_s_cached")
+
+
+def vector_now(host, cal: dict) -> dict:
+    """The host's vector-unit rates (special functions, conversions, in-cache reductions) scaled by the calibration's
+    exp probe sampled now over its calibrated level (`vector_level.level`, workbench.measure.calibrate): {} for a
+    calibration without one (before version 18)."""
+    lv = cal.get("vector_level") or {}
+    if not lv.get("level"):
+        return {}
+    nel = int(cal["transcendentals"]["exp"]["elements"])
+    if _BUF.get("vec_n") != nel:
+        _BUF.update(vec_n=nel, vprobe=vector_probe(nel, jax.devices()[0]))
+    g = vector_sample(_BUF["vprobe"], 3) / lv["level"]
+    return {k: getattr(host, k) * g for k in VECTOR_FIELDS if getattr(host, k)}
 
 
 def mean_spec(a, b):
-    """The host spec whose memory rate, peaks and matmul curve are the means of two machine_now samples' (a
+    """The host spec whose memory rate, peaks, matmul curve and vector rates are the means of two machine_now samples' (a
     program's timing spans a minute: sampled before and after it)."""
     curve = tuple((n, (r + q) / 2) for (n, r), (_, q) in zip(a.matmul_curve, b.matmul_curve)) if a.matmul_curve else None
+    vec = {k: (getattr(a, k) + getattr(b, k)) / 2 for k in VECTOR_FIELDS if getattr(a, k) and getattr(b, k)}
     return dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2, matmul_curve=curve,
-                               peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()})
+                               peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()}, **vec)
 
 
 IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),

@@ -54,6 +54,46 @@ def test_matmul_figures_take_the_median_samples_level():
     assert steady["matmul"]["float32"]["flops_per_s"] == 100e9  # the phase was the median: unchanged
 
 
+def test_vector_figures_take_the_median_exp_samples_level():
+    """Special functions, conversions and in-cache reductions keep their ratios and take the level of the median exp
+    probe sample (start, the phase's own exp rate, end); the reduction from memory is a memory rate and stays; the
+    phase values stay as per_s_measured, and a spread over 15 % is a finding naming the range."""
+    from workbench.measure.calibrate import apply_vector_level
+
+    def cal():
+        return {"transcendentals": {"exp": {"per_s": 2e9}, "tanh": {"per_s": 3e9}}, "convert": {"per_s": 10e9},
+                "reduce": {"in_cache": {"per_s": 18e9}, "from_memory": {"per_s": 9e9}}}
+
+    c = cal()
+    findings = apply_vector_level(c, {"start": 1.0e9, "middle": 2e9, "end": 1.5e9})
+    assert c["vector_level"]["factor"] == 0.75 and c["vector_level"]["level"] == 1.5e9
+    assert c["vector_level"]["range_per_s"] == [1.0e9, 2e9]
+    assert c["transcendentals"]["exp"]["per_s"] == 1.5e9 and c["transcendentals"]["tanh"]["per_s"] == 2.25e9
+    assert c["convert"]["per_s"] == 7.5e9 and c["reduce"]["in_cache"]["per_s"] == 13.5e9
+    assert c["reduce"]["from_memory"]["per_s"] == 9e9 and "per_s_measured" not in c["reduce"]["from_memory"]
+    assert c["convert"]["per_s_measured"] == 10e9
+    assert len(findings) == 1 and "1.00–2.00 G/s" in findings[0] and "×0.75" in findings[0]
+    steady = cal()
+    assert apply_vector_level(steady, {"start": 1.95e9, "middle": 2e9, "end": 2.1e9}) == []
+    assert steady["convert"]["per_s"] == 10e9  # the phase was the median: unchanged
+
+
+def test_vector_probe_is_the_calibrations_exp_chain():
+    """The probe runs the exp chain the special-function phase times (its 'middle' sample): same depth, same op."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from workbench.measure.calibrate import VECTOR_DEPTH, vector_probe, vector_sample
+
+    c, x = vector_probe(4096, jax.devices()[0])
+    y = x
+    for _ in range(VECTOR_DEPTH):
+        y = jnp.exp(-y)
+    np.testing.assert_allclose(np.asarray(c(x)), np.asarray(y), rtol=1e-6)
+    assert vector_sample((c, x), 3) > 0
+
+
 def test_every_dtype_and_form_alternates_in_rounds(monkeypatch):
     """The (dtype, form) pairs are measured round by round, all of them in each round, so a slow spell of the machine
     reaches every dtype alike: the order of the measurements is the pair list repeated, never one dtype's rounds

@@ -221,6 +221,30 @@ def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated
     assert all(abs(now.peak_flops[dt] / (host.peak_flops[dt] * f) - 1) < 1e-12 for dt in host.peak_flops)
 
 
+def test_machine_now_scales_the_vector_rates_by_the_exp_probe_over_its_level():
+    """With a calibration that levelled its vector figures (vector_level), machine_now also samples the exp probe and
+    scales the special-function, conversion and in-cache reduction rates by one factor, probe / level; without
+    one it leaves them."""
+    import dataclasses
+
+    from benchmarks.prediction_error import VECTOR_FIELDS, machine_now, vector_now
+    from workbench.hardware.spec import get_spec
+
+    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", transcendentals_per_s=2e9, convert_per_s=1e10,
+                               reduce_per_s_cached=2e10, reduce_per_s=9e9)
+    cal = {"stream": {"buffer_bytes": 4 << 20}, "matmul": {"float32": {"n": 128, "flops_per_s": 2e10}},
+           "matmul_level": {"n": 128}, "transcendentals": {"exp": {"elements": 4096}},
+           "vector_level": {"level": 1e9}}
+    vec = vector_now(host, cal)
+    assert set(vec) == set(VECTOR_FIELDS)
+    g = vec["transcendentals_per_s"] / 2e9
+    assert g > 0 and abs(vec["convert_per_s"] / (1e10 * g) - 1) < 1e-12
+    assert abs(vec["reduce_per_s_cached"] / (2e10 * g) - 1) < 1e-12
+    now, _ = machine_now(host, cal)
+    assert now.reduce_per_s == 9e9 and now.transcendentals_per_s > 0
+    assert vector_now(host, {k: v for k, v in cal.items() if k != "vector_level"}) == {}
+
+
 def test_mean_spec_averages_two_machine_samples():
     """A program priced at the machine sampled before and after its timing: memory rate, peaks and curve averaged."""
     import dataclasses

@@ -23,7 +23,9 @@ VM); `physical.derivation.clock_source` names which. A measurement above the phy
 calibration (`stream.samples`, `stream.range_bytes_per_s`); predictions carry the band they were priced with. So is
 the float32 matmul (`matmul_level.samples`: a 2048³ matmul at the start, in the matmul phase and at the end): the
 matmul figures keep their shape from the one phase that measured them all and take their level from the median
-sample (`matmul_level.factor`; each figure's phase value is kept as `flops_per_s_measured`).
+sample (`matmul_level.factor`; each figure's phase value is kept as `flops_per_s_measured`). The vector units' figures
+(special functions, conversions, in-cache reductions) take their level the same way from an exp probe sampled at the
+start, in their phase and at the end (`vector_level`; phase values kept as `per_s_measured`).
 Overrides: WORKBENCH_HOST_CLOCK_GHZ, WORKBENCH_HOST_FMA_PIPES, WORKBENCH_HOST_PEAK_<DTYPE> (FLOP/s).
 Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $WORKBENCH_CACHE_DIR
 (default ~/.cache/workbench); `workbench calibrate --force` re-measures.
@@ -46,7 +48,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 17
+CALIBRATION_VERSION = 18
 
 
 def cache_dir() -> str:
@@ -341,6 +343,10 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     n = 512 if quick else 2048
     probe = matmul_probe(n, dev)
     mm_samples = {"start": matmul_sample(probe, few, quiet, "start")}
+    # the vector units' rate (special functions, conversions, in-cache reductions) is sampled the same way
+    nel_t = min(1 << 20, max(llc // 16, 1 << 16))
+    vprobe = vector_probe(nel_t, dev)
+    vec_samples = {"start": vector_sample(vprobe, few, quiet, "start")}
     # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
     mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
     out["matmul"] = mm
@@ -414,9 +420,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         out["first_touch"]["note"] = ("a fresh output cost no more than a reused one (within 5 %): page faults are "
                                       "not priced on this host")
     # special functions: a dependent chain on an in-cache array
-    depth = 2  # deeper chains spill: 8-deep ran at half the per-op rate of a softmax here
-    nel_t = min(1 << 20, max(llc // 16, 1 << 16))
-    chains = {"exp": lambda y: jnp.exp(-y), "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}
+    depth = VECTOR_DEPTH  # deeper chains spill: 8-deep ran at half the per-op rate of a softmax here
+    chains = {"exp": _neg_exp, "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}
     xt = jax.device_put(jax.random.uniform(jax.random.key(3), (nel_t,), jnp.float32, 0.1, 1.0), dev)
     tr = {}
     for name, op in chains.items():
@@ -448,6 +453,10 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     del probe
     mm_samples["middle"] = out["matmul"]["float32"]["flops_per_s"]
     out["findings"] += apply_matmul_level(out, mm_samples)
+    vec_samples["end"] = vector_sample(vprobe, few, quiet, "end")
+    del vprobe
+    vec_samples["middle"] = out["transcendentals"]["exp"]["per_s"]
+    out["findings"] += apply_vector_level(out, vec_samples)
     lo, hi = min(stream_samples), max(stream_samples)
     out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
                          bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
@@ -493,15 +502,22 @@ def measure_convert(dev, reps: int, quiet: bool) -> dict:
         return f
 
     _say("calibrate: float32 <-> bf16 conversion throughput (bf16 chains, 4 and 16 deep)", quiet)
-    t, conv = {}, {}
+    progs, conv, times = {}, {}, {4: [], 16: []}
     for depth in (4, 16):
-        c = jax.jit(chain(depth)).lower(x).compile()
+        progs[depth] = c = jax.jit(chain(depth)).lower(x).compile()
         conv[depth] = sum(k.convert_elements * k.count for k in parse_kernels(c.as_text()))
-        t[depth] = measure(c, x, warmup=2, repeats=reps).median_s
+    # the rate is a difference of two timings, so a spell on one of them moves it by more than the spell: the two
+    # chains alternate in rounds (as the matmul forms do), and each keeps the median of its rounds' calls
+    rounds = 3
+    for r in range(rounds):
+        for depth, c in progs.items():
+            times[depth] += measure(c, x, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
+    t = {d: sorted(v)[len(v) // 2] for d, v in times.items()}
     dc, dt = conv[16] - conv[4], t[16] - t[4]
     return {"per_s": dc / dt if dc > 0 and dt > 0 else None, "converted_elements": conv, "seconds": t,
-            "how": "bf16 multiply-add chains 16 and 4 deep over 2^18 in-cache elements: extra conversions / extra "
-                   "time"}
+            "rounds": rounds,
+            "how": "bf16 multiply-add chains 16 and 4 deep over 2^18 in-cache elements, alternating in rounds: extra "
+                   "conversions / extra time"}
 
 
 def _oop_loop(trips: int):
@@ -596,6 +612,79 @@ def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
         return [f"float32 matmul rate drifted {hi / lo - 1:.0%} across the calibration ({lo / 1e9:.0f}–"
                 f"{hi / 1e9:.0f} GFLOP/s); the matmul figures are levelled to the median sample ({med / 1e9:.0f}, "
                 f"×{factor:.2f} the matmul phase)"]
+    return []
+
+
+VECTOR_DEPTH = 2
+
+
+def _neg_exp(y):
+    import jax.numpy as jnp
+
+    return jnp.exp(-y)
+
+
+def vector_probe(nel: int, dev):
+    """(compiled, x) of the vector units' probe: the calibration's exp chain (VECTOR_DEPTH dependent exp(-y) over
+    nel in-cache floats), the kernel whose rate is `transcendentals.exp` (vector_sample)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.device_put(jax.random.uniform(jax.random.key(3), (nel,), jnp.float32, 0.1, 1.0), dev)
+
+    def chain(y):
+        for _ in range(VECTOR_DEPTH):
+            y = _neg_exp(y)
+        return y
+
+    return jax.jit(chain).lower(x).compile(), x
+
+
+def vector_sample(probe, reps: int, quiet: bool = True, when: str = "now") -> float:
+    """Median exponentials/s of the vector probe (vector_probe) over `reps` timed calls."""
+    c, x = probe
+    _say(f"calibrate: exp chain over {x.size} in-cache floats ({when}; the vector units' rate)", quiet)
+    return VECTOR_DEPTH * x.size / measure(c, x, warmup=1, repeats=reps).median_s
+
+
+# the figures a vector-unit level scales: compute-bound kernels over in-cache data (the reduction from memory and
+# the streams are memory rates, sampled on their own)
+def _vector_figures(cal: dict) -> list[dict]:
+    out = list((cal.get("transcendentals") or {}).values())
+    if (cal.get("convert") or {}).get("per_s"):
+        out.append(cal["convert"])
+    if ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"):
+        out.append(cal["reduce"]["in_cache"])
+    return out
+
+
+def apply_vector_level(cal: dict, samples: dict[str, float]) -> list[str]:
+    """Set the level of the calibration's vector-unit figures (special functions, float32 <-> narrow-float
+    conversions, in-cache reductions) to the median of the exp-probe samples taken across it, as apply_matmul_level
+    does for the matmuls: `samples` maps 'start', 'middle' (the special-function phase's own exp rate) and 'end' to
+    exponentials/s of the same probe. The phase measured these figures within seconds of each other, so their
+    ratios are its own; its level is one moment of a VM whose vector rate moves by up to 2× within minutes (the
+    same [8192, 2048] softmax: 11.9 ms, then 18.7 ms eight minutes later, docs/hardware.md). Every figure is scaled
+    by median / middle, the phase value kept as `per_s_measured`; `vector_level` records the samples, their range,
+    the factor and `level` (the median: the rate a later probe is compared with). Returns the findings: one line
+    when the samples span more than 15 %."""
+    mid = samples["middle"]
+    vals = sorted(samples.values())
+    med = vals[len(vals) // 2]
+    factor = med / mid if mid > 0 else 1.0
+    for v in _vector_figures(cal):
+        v["per_s_measured"] = v["per_s"]
+        v["per_s"] = v["per_s"] * factor
+    cal["vector_level"] = {"samples": dict(samples), "range_per_s": [vals[0], vals[-1]], "factor": factor,
+                           "level": med, "depth": VECTOR_DEPTH,
+                           "sampled": "the exp chain at the start, in the special-function phase (middle) and at the "
+                                      "end; special functions, conversions and in-cache reductions are scaled by "
+                                      "median / middle"}
+    lo, hi = vals[0], vals[-1]
+    if lo > 0 and hi > 1.15 * lo:
+        return [f"vector units' rate (the exp probe) drifted {hi / lo - 1:.0%} across the calibration "
+                f"({lo / 1e9:.2f}–{hi / 1e9:.2f} G/s); special-function, conversion and in-cache reduction rates are "
+                f"levelled to the median sample (×{factor:.2f} their phase)"]
     return []
 
 
