@@ -421,8 +421,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                                       "not priced on this host")
     # special functions: a dependent chain on an in-cache array
     depth = VECTOR_DEPTH  # deeper chains spill: 8-deep ran at half the per-op rate of a softmax here
-    chains = {"exp": _neg_exp, "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}
-    xt = jax.device_put(jax.random.uniform(jax.random.key(3), (nel_t,), jnp.float32, 0.1, 1.0), dev)
+    chains = {"exp": None, "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}  # exp: the vector probe itself
+    xt = vprobe[1]
     tr = {}
     for name, op in chains.items():
         _say(f"calibrate: {name} throughput ({depth}-deep chain over {nel_t} in-cache floats)", quiet)
@@ -432,7 +432,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                 y = op(y)
             return y
 
-        c = jax.jit(chain).lower(xt).compile()
+        c = vprobe[0] if op is None else jax.jit(chain).lower(xt).compile()
         m = measure(c, xt, warmup=2, repeats=reps)
         tr[name] = {"per_s": depth * nel_t / m.median_s, "spread": m.spread, "elements": nel_t, "depth": depth}
     out["transcendentals"] = tr
@@ -512,7 +512,7 @@ def measure_convert(dev, reps: int, quiet: bool) -> dict:
     for r in range(rounds):
         for depth, c in progs.items():
             times[depth] += measure(c, x, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
-    t = {d: sorted(v)[len(v) // 2] for d, v in times.items()}
+    t = {d: summarize(v, warmup=2, calls=1, compile_s=None).median_s for d, v in times.items()}
     dc, dt = conv[16] - conv[4], t[16] - t[4]
     return {"per_s": dc / dt if dc > 0 and dt > 0 else None, "converted_elements": conv, "seconds": t,
             "rounds": rounds,
@@ -587,6 +587,13 @@ def matmul_sample(probe, reps: int, quiet: bool = True, when: str = "now") -> fl
     return 2.0 * n**3 / measure(c, x, y, warmup=1, repeats=reps).median_s
 
 
+def _level(samples: dict[str, float]) -> tuple[list[float], float, float]:
+    """(the samples sorted, their median, median / the 'middle' sample): the level a phase's figures take."""
+    vals = sorted(samples.values())
+    med, mid = vals[len(vals) // 2], samples["middle"]
+    return vals, med, (med / mid if mid > 0 else 1.0)
+
+
 def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
     """Set the level of the calibration's matmul figures to the median of the float32 samples taken across it.
 
@@ -596,10 +603,7 @@ def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
     within minutes (60–105 GFLOP/s for 2048³ within one minute on this project's VMs). Every figure is scaled by
     median / middle, keeping the phase value as `flops_per_s_measured`; `matmul_level` records the samples, their
     range and the factor. Returns the findings: one line when the samples span more than 15 %."""
-    mid = samples["middle"]
-    vals = sorted(samples.values())
-    med = vals[len(vals) // 2]
-    factor = med / mid if mid > 0 else 1.0
+    vals, med, factor = _level(samples)
     for v in list(cal.get("matmul", {}).values()) + list(cal.get("matmul_curve", [])):
         v["flops_per_s_measured"] = v["flops_per_s"]
         v["flops_per_s"] = v["flops_per_s"] * factor
@@ -618,15 +622,9 @@ def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
 VECTOR_DEPTH = 2
 
 
-def _neg_exp(y):
-    import jax.numpy as jnp
-
-    return jnp.exp(-y)
-
-
 def vector_probe(nel: int, dev):
     """(compiled, x) of the vector units' probe: the calibration's exp chain (VECTOR_DEPTH dependent exp(-y) over
-    nel in-cache floats), the kernel whose rate is `transcendentals.exp` (vector_sample)."""
+    nel in-cache floats): the calibration times this very program for `transcendentals.exp` (vector_sample)."""
     import jax
     import jax.numpy as jnp
 
@@ -634,7 +632,7 @@ def vector_probe(nel: int, dev):
 
     def chain(y):
         for _ in range(VECTOR_DEPTH):
-            y = _neg_exp(y)
+            y = jnp.exp(-y)
         return y
 
     return jax.jit(chain).lower(x).compile(), x
@@ -668,10 +666,7 @@ def apply_vector_level(cal: dict, samples: dict[str, float]) -> list[str]:
     by median / middle, the phase value kept as `per_s_measured`; `vector_level` records the samples, their range,
     the factor and `level` (the median: the rate a later probe is compared with). Returns the findings: one line
     when the samples span more than 15 %."""
-    mid = samples["middle"]
-    vals = sorted(samples.values())
-    med = vals[len(vals) // 2]
-    factor = med / mid if mid > 0 else 1.0
+    vals, med, factor = _level(samples)
     for v in _vector_figures(cal):
         v["per_s_measured"] = v["per_s"]
         v["per_s"] = v["per_s"] * factor
