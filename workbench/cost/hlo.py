@@ -265,6 +265,10 @@ class KernelCost:
     # a reduction whose result the same kernel consumes again over the rows it reduced (softmax: max, then exp and
     # sum, then divide, all in one fusion): the kernel walks each row in dependent passes
     dependent_passes: bool = False
+    # elements it moves through a strided transpose (a transpose or copy whose output's contiguous dimension is not
+    # its input's: each element read is a different cache line's), in a kernel without dots (a dot library packs its
+    # operands itself)
+    transpose_elements: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -517,9 +521,11 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize, red, conv = _computation_cost(body, shapes, mod)
                 bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
-                ops = _opcode_counts(_fused_ops(body, mod))
+                fused = _fused_ops(body, mod)
+                ops = _opcode_counts(fused)
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
                 passes = reduction_consumed(body, shapes)
+                trans_el = strided_transposes(fused, by_name) if not dflops else 0.0
             else:
                 passes = False
                 ops, library = ((op, 1),), ""
@@ -530,8 +536,10 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
+                trans_el = strided_transposes([ins], by_name)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
-                                  bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes))
+                                  bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
+                                  trans_el))
     return out
 
 
@@ -557,6 +565,52 @@ def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:
                     return True
                 todo.append(u.name)
     return False
+
+
+_LAYOUT_RE = re.compile(r"\[([0-9,]*)\]\{([0-9,]*)")
+
+
+def layout_order(type_str: str) -> tuple[list[int], list[int]] | None:
+    """(dims, minor-to-major order) of a one-array type string (row-major when it carries no layout), else None."""
+    if type_str.lstrip().startswith("("):
+        return None
+    m = _LAYOUT_RE.search(type_str)
+    dims_m = m or re.search(r"\[([0-9,]*)\]", type_str)
+    if dims_m is None:
+        return None
+    dims = [int(d) for d in dims_m.group(1).split(",") if d]
+    order = [int(d) for d in m.group(2).split(",") if d] if m else list(range(len(dims) - 1, -1, -1))
+    return dims, order
+
+
+def minor_dim(type_str: str) -> int | None:
+    """The logical dimension an array is contiguous along: the first of its layout's minor-to-major list with more
+    than one element (row-major when the type carries no layout); None for a scalar, a tuple or a 1-element array."""
+    lo = layout_order(type_str)
+    if lo is None:
+        return None
+    dims, order = lo
+    return next((d for d in order if d < len(dims) and dims[d] > 1), None)
+
+
+def strided_transposes(instrs: list[Instr], by_name: dict[str, Instr]) -> float:
+    """Output elements of the transposes and copies among `instrs` whose output is contiguous along a different
+    logical dimension than their input (a transpose maps output dimension j to input dimension dimensions[j]): a
+    layout change that reads its input at a stride. A transpose whose layouts make it a bitcast counts nothing."""
+    n = 0.0
+    for ins in instrs:
+        if ins.opcode not in ("transpose", "copy") or not ins.operands or ins.operands[0] not in by_name:
+            continue
+        out_minor, in_minor = minor_dim(ins.type_str), minor_dim(by_name[ins.operands[0]].type_str)
+        if out_minor is None or in_minor is None:
+            continue
+        src = out_minor
+        if ins.opcode == "transpose":
+            perm = _dims(ins.attrs, "dimensions")
+            src = perm[out_minor] if out_minor < len(perm) else out_minor
+        if src != in_minor:
+            n += sum(sh.elements for sh in ins.shapes)
+    return n
 
 
 def _fused_ops(body: list[Instr], mod: Module, depth: int = 0) -> list[Instr]:

@@ -93,6 +93,12 @@ class HardwareSpec:
     reduce_per_s: float | None = None
     reduce_per_s_cached: float | None = None
     convert_per_s: float | None = None  # host only: float32 <-> bf16 conversions/s inside fused elementwise kernels
+    # host only: the caches allocate a line on a write miss (the in-place stream ran well above the out-of-place one:
+    # writing a new array also reads it), so kernels that run from memory move bytes_in + 2·bytes_out
+    write_allocate: bool = False
+    # host only: elements/s of a strided transpose in a fused kernel, from memory and from the last-level cache
+    transpose_per_s: float | None = None
+    transpose_per_s_cached: float | None = None
 
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,

@@ -82,7 +82,8 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[floa
     On the host two more throughputs bound a kernel's compute where they are calibrated (workbench calibrate): the
     elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when `bw`
     is the in-cache bandwidth, else from memory), and its float32 <-> narrow-float conversions at the measured
-    conversion rate; the compute term is the slowest of the three."""
+    conversion rate; the compute term is the slowest of the three. Its strided transposes at the measured transpose
+    rate bound its memory term (transpose_seconds)."""
     rate = spec.transcendentals_per_s
     peak = spec.peak_flops[peak_dtype]
     t_trans = k.transcendentals / rate if rate else 0.0
@@ -94,7 +95,30 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[floa
     red_rate = spec.reduce_per_s_cached if in_cache else spec.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
-    return max(arith, t_red, t_conv), k.bytes / bw
+    return max(arith, t_red, t_conv), max(moved_seconds(k, spec, bw, in_cache), transpose_seconds(k, spec, in_cache))
+
+
+def moved_seconds(k, spec: HardwareSpec, bw: float, in_cache: bool = False) -> float:
+    """A kernel's bytes in + out at `bw`, except on a host whose caches write-allocate (HardwareSpec.write_allocate)
+    when it runs from memory: there every line a kernel writes is first read in for ownership, so a kernel moves
+    bytes_in + 2·bytes_out, and the calibrated out-of-place stream, which counts 2 bytes for every 3 it moves, is
+    1.5 / 2 of the rate those bytes move at: t = (bytes_in + 2·bytes_out) / (1.5·bw). The stream itself prices the
+    same either way; a reduction (reads only) costs 2/3 of its bytes at `bw`, a broadcast (writes only) 4/3."""
+    if spec.write_allocate and not in_cache:
+        return (k.bytes_in + 2.0 * k.bytes_out) / (1.5 * bw)
+    return k.bytes / bw
+
+
+def transpose_seconds(k, spec: HardwareSpec, in_cache: bool = False) -> float:
+    """Host: the time of a kernel's strided transposes (KernelCost.transpose_elements) at the calibrated rate: the
+    in-cache one when the program runs from the cache or the kernel's own bytes fit in half the last-level cache
+    (its input was just written, or is small enough to stay), else the from-memory one; 0 without a calibrated rate.
+    A strided read costs a cache line per element, so this bounds the kernel's memory term from below."""
+    if not k.transpose_elements:
+        return 0.0
+    cached = in_cache or bool(spec.onchip_bytes and k.bytes <= spec.onchip_bytes / 2)
+    rate = (spec.transpose_per_s_cached if cached else None) or spec.transpose_per_s
+    return k.transpose_elements / rate if rate else 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
