@@ -272,3 +272,78 @@ def test_a_combined_all_reduce_counts_its_arrays():
     (c,) = hlo.parse_collectives(TUPLE_ALL_REDUCE_HLO, n_devices=4)
     assert c.kind == "all-reduce" and c.operands == 3
     assert c.payload_bytes == 4 * (64 + 128 + 16)
+
+
+TRANSPOSE_HLO = """HloModule m
+
+%moved (p: f32[2048,512]) -> f32[512,2048] {
+  %p = f32[2048,512]{1,0} parameter(0)
+  %c = f32[] constant(2)
+  %b = f32[2048,512]{1,0} broadcast(%c), dimensions={}
+  %m = f32[2048,512]{1,0} multiply(%p, %b)
+  %t = f32[512,2048]{0,1} transpose(%m), dimensions={1,0}
+  ROOT %cp = f32[512,2048]{1,0} copy(%t)
+}
+
+%kept (q: f32[8,256,8,64]) -> f32[8,8,256,64] {
+  %q = f32[8,256,8,64]{3,2,1,0} parameter(0)
+  ROOT %t2 = f32[8,8,256,64]{3,2,1,0} transpose(%q), dimensions={0,2,1,3}
+}
+
+%dotted (a: f32[64,32], w: f32[64,16]) -> f32[32,16] {
+  %a = f32[64,32]{1,0} parameter(0)
+  %w = f32[64,16]{1,0} parameter(1)
+  %at = f32[32,64]{1,0} transpose(%a), dimensions={1,0}
+  ROOT %d = f32[32,16]{1,0} dot(%at, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (x: f32[2048,512], y: f32[8,256,8,64], a: f32[64,32], w: f32[64,16]) -> (f32[512,2048]) {
+  %x = f32[2048,512]{1,0} parameter(0)
+  %y = f32[8,256,8,64]{3,2,1,0} parameter(1)
+  %a = f32[64,32]{1,0} parameter(2)
+  %w = f32[64,16]{1,0} parameter(3)
+  %f = f32[512,2048]{1,0} fusion(%x), kind=kLoop, calls=%moved
+  %g = f32[8,8,256,64]{3,2,1,0} fusion(%y), kind=kLoop, calls=%kept
+  %h = f32[32,16]{1,0} fusion(%a, %w), kind=kOutput, calls=%dotted
+  %relaid = f32[2048,512]{0,1} copy(%x)
+  ROOT %o = (f32[512,2048]{1,0}, f32[8,8,256,64]{3,2,1,0}, f32[32,16]{1,0}, f32[2048,512]{0,1}) tuple(%f, %g, %h, %relaid)
+}
+"""
+
+
+def test_strided_transposes_are_counted_where_the_contiguous_dimension_moves():
+    """A transpose or copy whose output is contiguous along another logical dimension than its input reads at a
+    stride: the fused (a·x)ᵀ (a transpose whose layout makes it a bitcast, then the copy that moves the data) counts
+    its elements once, as does an unfused copy to the other layout; swapping two outer dimensions keeps the
+    contiguous one (0), and a kernel with a dot leaves its operand's transpose to the dot library (0)."""
+    ks = {k.name: k for k in hlo.parse_kernels(TRANSPOSE_HLO)}
+    assert ks["f"].transpose_elements == 2048 * 512
+    assert ks["relaid"].transpose_elements == 2048 * 512
+    assert ks["g"].transpose_elements == 0
+    assert ks["h"].transpose_elements == 0
+    assert hlo.minor_dim("f32[512,2048]{0,1}") == 0 and hlo.minor_dim("f32[4,1]{1,0}") == 0
+    assert hlo.minor_dim("f32[3,5]") == 1 and hlo.minor_dim("f32[]") is None
+
+
+def test_a_compiled_transpose_is_strided_and_a_head_swap_is_not():
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+    ks = hlo.parse_kernels(jax.jit(lambda v: (v * 2.0).T).lower(x).compile().as_text())
+    assert sum(k.transpose_elements * k.count for k in ks) == 256 * 128
+    y = jax.ShapeDtypeStruct((2, 16, 4, 32), jnp.float32)
+    ks = hlo.parse_kernels(jax.jit(lambda v: v.transpose(0, 2, 1, 3) * 2.0).lower(y).compile().as_text())
+    assert sum(k.transpose_elements for k in ks) == 0
+
+
+def test_a_kernels_footprint_is_its_whole_arrays_not_the_slices_it_moves():
+    import jax
+    import jax.numpy as jnp
+
+    stacked = jax.ShapeDtypeStruct((16, 128, 128), jnp.float32)
+    i = jax.ShapeDtypeStruct((), jnp.int32)
+    f = jax.jit(lambda s, j: jax.lax.dynamic_index_in_dim(s, j, keepdims=False) * 2.0)
+    ks = [k for k in hlo.parse_kernels(f.lower(stacked, i).compile().as_text()) if k.bytes]
+    k = max(ks, key=lambda k: k.footprint)
+    assert k.bytes_in < 2 * 128 * 128 * 4 and k.footprint >= 16 * 128 * 128 * 4

@@ -113,3 +113,29 @@ def test_every_dtype_and_form_alternates_in_rounds(monkeypatch):
     assert len(order) == 3 * pairs and all(v["rounds"] == 3 for d in mm.values() for v in d["forms"].values())
     assert order[:pairs] == order[pairs:2 * pairs] == order[2 * pairs:]
     assert len({o[0] for o in order[:pairs]}) == len(MATMUL_FORMS)
+
+
+def test_write_allocate_is_read_from_the_in_place_over_out_of_place_stream():
+    from workbench.measure.calibrate import WRITE_ALLOCATE_RATIO, write_allocates
+
+    oop = 2e10
+    assert write_allocates({"stream": {"bytes_per_s": oop}, "stream_inplace": {"bytes_per_s": 1.7 * oop}})
+    assert not write_allocates({"stream": {"bytes_per_s": oop},
+                                "stream_inplace": {"bytes_per_s": 0.99 * WRITE_ALLOCATE_RATIO * oop}})
+    assert not write_allocates({"stream": {"bytes_per_s": oop}})
+
+
+def test_transpose_probes_avoid_power_of_two_strides_and_fit_their_residency():
+    """The in-cache probe's input and output fit in half the last-level cache; the from-memory probe's arrays are
+    at least twice the cache; neither row stride is a multiple of 1 KiB (a power-of-two stride falls into few L1
+    sets, a worst case the calibration does not take as the rate); a quick run measures a real transpose."""
+    import math
+
+    from workbench.measure.calibrate import measure_transpose, transpose_sizes
+
+    for llc in (8 * 2**20, 32 * 2**20, 96 * 2**20):
+        s = transpose_sizes(llc)
+        assert 8 * s["in_cache"] ** 2 <= llc / 2 and 4 * s["from_memory"] ** 2 >= 2 * llc * 0.9
+        assert all(math.gcd(4 * n, 4096) < 1024 for n in s.values())
+    r = measure_transpose(jax.devices()[0], 2 * 2**20, 3, True, quick=True)
+    assert r["in_cache"]["per_s"] > 0 and r["from_memory"]["n"] == transpose_sizes(2 * 2**20, True)["from_memory"]

@@ -211,3 +211,56 @@ def test_simulated_devices_pay_a_rendezvous_per_array_of_a_combined_all_reduce()
     assert collective_time("all-to-all", 1e6, 8, ic, operands=8) == pytest.approx(collective_time("all-to-all", 1e6, 8, ic))
     assert collective_time("all-reduce", 1e6, 8, CHIP.interconnect, operands=5) == pytest.approx(
         collective_time("all-reduce", 1e6, 8, CHIP.interconnect))
+
+
+def test_write_allocating_hosts_move_a_written_byte_twice():
+    """On a host whose caches write-allocate, a kernel from memory moves bytes_in + 2·bytes_out at 1.5× the
+    calibrated out-of-place stream: the stream's own 1:1 kernel prices as before, a reduction (reads only) at 2/3,
+    a broadcast (writes only) at 4/3; in the cache, and on a host without write-allocate, bytes in + out at bw."""
+    from workbench.roofline.prediction import moved_seconds
+
+    host = dataclasses.replace(CHIP, kind="cpu", write_allocate=True)
+    stream = KernelCost("s", "kLoop", "", 4e8, 4e8, 0, 0)
+    read = KernelCost("r", "kInput", "", 4e8, 0, 0, 0)
+    write = KernelCost("w", "kLoop", "", 0, 4e8, 0, 0)
+    bw = 1e10
+    assert moved_seconds(stream, host, bw) == pytest.approx(8e8 / bw)
+    assert moved_seconds(read, host, bw) == pytest.approx(4e8 / bw * 2 / 3)
+    assert moved_seconds(write, host, bw) == pytest.approx(4e8 / bw * 4 / 3)
+    assert moved_seconds(read, host, bw, in_cache=True) == pytest.approx(4e8 / bw)
+    assert moved_seconds(read, CHIP, bw) == pytest.approx(4e8 / bw)
+
+
+def test_strided_transposes_bound_a_host_kernels_memory_term_at_the_calibrated_rate():
+    """A kernel's strided transpose elements at the calibrated transpose rate bound its memory term: the in-cache
+    rate when its input fits in half the last-level cache (or the program runs from the cache), else the from-memory
+    one; a spec without the rates prices the bytes only."""
+    from workbench.roofline.prediction import kernel_roof, transpose_seconds
+
+    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, transpose_per_s=4e8, transpose_per_s_cached=1.6e9)
+    small = KernelCost("t", "kLoop", "", 4e6, 4e6, 0, 0, transpose_elements=1e6)
+    big = KernelCost("T", "kLoop", "", 64e6, 64e6, 0, 0, transpose_elements=16e6)
+    assert transpose_seconds(small, host) == pytest.approx(1e6 / 1.6e9)
+    assert transpose_seconds(dataclasses.replace(big, bytes_in=16e6), host) == pytest.approx(16e6 / 1.6e9)
+    assert transpose_seconds(big, host) == pytest.approx(16e6 / 4e8)
+    assert transpose_seconds(big, host, in_cache=True) == pytest.approx(16e6 / 1.6e9)
+    assert kernel_roof(big, host, "float32", 1e12)[1] == pytest.approx(16e6 / 4e8)
+    assert kernel_roof(big, CHIP, "float32", 1e12)[1] == pytest.approx(128e6 / 1e12)
+    assert transpose_seconds(dataclasses.replace(big, transpose_elements=0), host) == 0.0
+
+
+def test_a_host_kernel_whose_arrays_fit_half_the_cache_runs_from_it():
+    """A host kernel whose whole arrays (footprint), times the devices sharing the cache, fit in half the last-level
+    cache moves its bytes at the in-cache bandwidth and reduces at the in-cache rate; one slicing a stacked array
+    larger than that (small bytes, large footprint) stays priced from memory, as does every kernel of an
+    accelerator."""
+    from workbench.roofline.prediction import kernel_roof
+
+    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, onchip_bw=4e10, write_allocate=True,
+                               reduce_per_s=1e9, reduce_per_s_cached=4e9)
+    small = KernelCost("s", "kLoop", "", 4e6, 4e6, 0, 0, footprint=8e6, reduce_elements=1e6)
+    assert kernel_roof(small, host, "float32", 1e10) == pytest.approx((1e6 / 4e9, 8e6 / 4e10))
+    assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx((1e6 / 1e9, 12e6 / 1.5e10))
+    sliced = dataclasses.replace(small, footprint=64e6)
+    assert kernel_roof(sliced, host, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10)
+    assert kernel_roof(small, CHIP, "float32", 1e12)[1] == pytest.approx(8e6 / 1e12)

@@ -269,6 +269,9 @@ class KernelCost:
     # its input's: each element read is a different cache line's), in a kernel without dots (a dot library packs its
     # operands itself)
     transpose_elements: float = 0.0
+    # bytes of the whole arrays it touches (its operands and its output, unsliced: a slice of a stacked array or an
+    # in-place update of one keeps the stacked array's lines in play); 0 where unknown
+    footprint: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -539,7 +542,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 trans_el = strided_transposes([ins], by_name)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
-                                  trans_el))
+                                  trans_el, sum(operand_bytes) + ins.out_bytes))
     return out
 
 

@@ -340,7 +340,7 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
             pred = collective_time(c.kind, c.payload_bytes, c.group_size, ic, operands=c.operands) * c.count * mult
             fl, dfl, nb, roof, count = 0.0, 0.0, c.payload_bytes * c.count * mult, "comm", c.count
         elif k is not None:
-            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw)
+            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw, sharers=mult)
             pred = kt.seconds * k.count * mult
             fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
             dfl = k.dot_flops * k.count * mult

@@ -74,16 +74,21 @@ class Prediction:
                 f"ridge {self.ridge:.3g}")
 
 
-def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[float, float]:
+def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
     flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
-    transcendentals at the special-function rate, and its bytes in + out at `bw` (a Prediction's memory_bw).
+    transcendentals at the special-function rate, and its bytes at `bw` (a Prediction's memory_bw) as moved_seconds
+    moves them.
 
     On the host two more throughputs bound a kernel's compute where they are calibrated (workbench calibrate): the
-    elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when `bw`
-    is the in-cache bandwidth, else from memory), and its float32 <-> narrow-float conversions at the measured
-    conversion rate; the compute term is the slowest of the three. Its strided transposes at the measured transpose
-    rate bound its memory term (transpose_seconds)."""
+    elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when the
+    kernel runs from it, else from memory), and its float32 <-> narrow-float conversions at the measured conversion
+    rate; the compute term is the slowest of the three. Its strided transposes at the measured transpose rate bound
+    its memory term (transpose_seconds).
+
+    A host kernel runs from the last-level cache when the program does (`bw` is the in-cache bandwidth) or when the
+    whole arrays it touches (KernelCost.footprint), times the `sharers` that run the same kernel on the host's cache
+    (the devices of a simulated mesh), fit in half of it: in a program its inputs were written moments before."""
     rate = spec.transcendentals_per_s
     peak = spec.peak_flops[peak_dtype]
     t_trans = k.transcendentals / rate if rate else 0.0
@@ -92,6 +97,9 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float) -> tuple[floa
     else:
         arith = k.flops / peak + t_trans
     in_cache = bool(spec.onchip_bw and bw == spec.onchip_bw)
+    if spec.kind == "cpu" and not in_cache and spec.onchip_bw and spec.onchip_bytes and k.footprint \
+            and k.footprint * max(sharers, 1) <= spec.onchip_bytes / 2:
+        in_cache, bw = True, spec.onchip_bw
     red_rate = spec.reduce_per_s_cached if in_cache else spec.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
@@ -111,12 +119,13 @@ def moved_seconds(k, spec: HardwareSpec, bw: float, in_cache: bool = False) -> f
 
 def transpose_seconds(k, spec: HardwareSpec, in_cache: bool = False) -> float:
     """Host: the time of a kernel's strided transposes (KernelCost.transpose_elements) at the calibrated rate: the
-    in-cache one when the program runs from the cache or the kernel's own bytes fit in half the last-level cache
-    (its input was just written, or is small enough to stay), else the from-memory one; 0 without a calibrated rate.
+    in-cache one when the program runs from the cache or the kernel's input fits in half the last-level cache (in a
+    program it was written moments before: `small`'s 8 MiB strided inputs ran at in-cache rates), else the
+    from-memory one; 0 without a calibrated rate.
     A strided read costs a cache line per element, so this bounds the kernel's memory term from below."""
     if not k.transpose_elements:
         return 0.0
-    cached = in_cache or bool(spec.onchip_bytes and k.bytes <= spec.onchip_bytes / 2)
+    cached = in_cache or bool(spec.onchip_bytes and k.bytes_in <= spec.onchip_bytes / 2)
     rate = (spec.transpose_per_s_cached if cached else None) or spec.transpose_per_s
     return k.transpose_elements / rate if rate else 0.0
 
@@ -131,13 +140,13 @@ class KernelTime:
     roof: str  # 'compute' | 'memory'
 
 
-def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None) -> KernelTime:
+def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None, sharers: int = 1) -> KernelTime:
     """max(kernel compute, kernel memory) of one KernelCost (workbench.cost.hlo) on `spec`, per execution.
 
     compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
     has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
     memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
-    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw)
+    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw, sharers)
     launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
     return KernelTime(roof_seconds(k, spec, kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
 
@@ -237,7 +246,8 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
         kflops = sum((k.flops - k.transcendentals + k.convert_elements) * k.count for k in cost.kernels)
         ref = cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
-        t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw).seconds * k.count for k in cost.kernels)
+        t_kernels = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw, sharers=mult).seconds * k.count
+                        for k in cost.kernels)
         t_kernels = t_kernels * mult + t_touch
     else:
         t_kernels = max(t_compute, t_mem)
