@@ -160,6 +160,9 @@ def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
     assert kernel_roof(red, host, "float32", 4e12)[0] == pytest.approx(1e8 / 4e9)
     conv = KernelCost("c", "kLoop", "", 2e8, 2e8, 7e8, 0, convert_elements=1.4e9)
     assert kernel_roof(conv, host, "float32", 1e12)[0] == pytest.approx(1.4e9 / 2e9)
+    # a write-allocating host prices a reduction from memory by its bytes: its adds at the in-cache rate
+    wa = dataclasses.replace(host, write_allocate=True)
+    assert kernel_roof(red, wa, "float32", 1e12)[0] == pytest.approx(1e8 / 4e9)
     # not calibrated (a catalogue chip): arithmetic only
     assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
 
@@ -252,15 +255,16 @@ def test_strided_transposes_bound_a_host_kernels_memory_term_at_the_calibrated_r
 def test_a_host_kernel_whose_arrays_fit_half_the_cache_runs_from_it():
     """A host kernel whose whole arrays (footprint), times the devices sharing the cache, fit in half the last-level
     cache moves its bytes at the in-cache bandwidth and reduces at the in-cache rate; one slicing a stacked array
-    larger than that (small bytes, large footprint) stays priced from memory, as does every kernel of an
-    accelerator."""
+    larger than that (small bytes, large footprint) stays priced from memory (on a write-allocating host: its
+    written bytes twice), as does every kernel of an accelerator."""
     from workbench.roofline.prediction import kernel_roof
 
-    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, onchip_bw=4e10, write_allocate=True,
-                               reduce_per_s=1e9, reduce_per_s_cached=4e9)
+    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, onchip_bw=4e10, reduce_per_s=1e9,
+                               reduce_per_s_cached=4e9)
     small = KernelCost("s", "kLoop", "", 4e6, 4e6, 0, 0, footprint=8e6, reduce_elements=1e6)
     assert kernel_roof(small, host, "float32", 1e10) == pytest.approx((1e6 / 4e9, 8e6 / 4e10))
-    assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx((1e6 / 1e9, 12e6 / 1.5e10))
+    assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx((1e6 / 1e9, 8e6 / 1e10))
     sliced = dataclasses.replace(small, footprint=64e6)
-    assert kernel_roof(sliced, host, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10)
+    wa = dataclasses.replace(host, write_allocate=True)
+    assert kernel_roof(sliced, wa, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10)
     assert kernel_roof(small, CHIP, "float32", 1e12)[1] == pytest.approx(8e6 / 1e12)

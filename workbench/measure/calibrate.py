@@ -411,6 +411,12 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": rc["bytes_per_s"], "spread": rc["spread"],
                            "counted": "bytes read + bytes written", "kernel": out["stream"]["kernel"]}
     out["reduce"] = measure_reduce(xbig, xc, reps, quiet)
+    if ratio >= WRITE_ALLOCATE_RATIO:
+        read = out["reduce"]["from_memory"]["per_s"] * 4
+        out["findings"].append(
+            f"the sum over the stream's buffer read {read / 1e9:.1f} GB/s, {read / (1.5 * bw_mid):.2f}x the read rate "
+            f"write-allocate implies (1.5 x {bw_mid / 1e9:.1f} GB/s): reductions from memory are priced by their bytes, "
+            "their adds at the in-cache reduction rate")
     out["convert"] = measure_convert(dev, reps, quiet)
     out["transpose"] = measure_transpose(dev, llc, reps, quiet, quick)
     del xc

@@ -82,9 +82,9 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
 
     On the host two more throughputs bound a kernel's compute where they are calibrated (workbench calibrate): the
     elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when the
-    kernel runs from it, else from memory), and its float32 <-> narrow-float conversions at the measured conversion
-    rate; the compute term is the slowest of the three. Its strided transposes at the measured transpose rate bound
-    its memory term (transpose_seconds).
+    kernel runs from it or the host write-allocates, else from memory), and its float32 <-> narrow-float conversions
+    at the measured conversion rate; the compute term is the slowest of the three. Its strided transposes at the
+    measured transpose rate bound its memory term (transpose_seconds).
 
     A host kernel runs from the last-level cache when the program does (`bw` is the in-cache bandwidth) or when the
     whole arrays it touches (KernelCost.footprint), times the `sharers` that run the same kernel on the host's cache
@@ -100,7 +100,10 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
     if spec.kind == "cpu" and not in_cache and spec.onchip_bw and spec.onchip_bytes and k.footprint \
             and k.footprint * max(sharers, 1) <= spec.onchip_bytes / 2:
         in_cache, bw = True, spec.onchip_bw
-    red_rate = spec.reduce_per_s_cached if in_cache else spec.reduce_per_s
+    # on a write-allocating host a reduction from memory reads at the rate moved_seconds prices its bytes at (the
+    # calibrated sum over the stream's buffer ran at 0.8–1.2× that rate here: it measures the memory, not the adds),
+    # so its compute bound is the in-cache reduction rate, where the memory does not bound it
+    red_rate = spec.reduce_per_s_cached if (in_cache or spec.write_allocate) else spec.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
     return max(arith, t_red, t_conv), max(moved_seconds(k, spec, bw, in_cache), transpose_seconds(k, spec, in_cache))
