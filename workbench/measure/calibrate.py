@@ -513,7 +513,7 @@ def measure_transpose(dev, llc: int, reps: int, quiet: bool, quick: bool = False
     """Elements/s of a strided transpose (the output contiguous along the input's other dimension) inside a fused
     elementwise kernel, y = (a·x + b)ᵀ, over an n×n float32 array in the cache and one from memory. XLA:CPU walks
     such a kernel element by element, each read a different cache line's: on this project's Zen 4 VMs 1.3–1.6 G
-    elements/s in the cache (n = 1000) and 0.46 from memory (n = 4000), against 2.6 G/s for the stream's own 1:1
+    elements/s in the cache (n = 1000) and 0.2–0.5 from memory (n = 4000), against 2.6 G/s for the stream's own 1:1
     kernel, which the kernel's bytes alone would price it at (docs/accuracy.md)."""
     import jax
     import jax.numpy as jnp
@@ -770,7 +770,7 @@ WRITE_ALLOCATE_RATIO = 1.3
 def write_allocates(cal: dict) -> bool:
     """Whether the host's caches read a line in before writing it: the in-place stream (the output over its input,
     whose lines the read just brought in) ran at least WRITE_ALLOCATE_RATIO × the out-of-place one (a fresh output
-    is read, then written: 3 bytes moved per 2 counted; 1.5× if nothing else differs; 1.7–2.3× on this project's Zen
+    is read, then written: 3 bytes moved per 2 counted; 1.5× if nothing else differs; 1.7–3.6× on this project's Zen
     4 VMs). Non-temporal stores would make the two rates equal."""
     inplace = (cal.get("stream_inplace") or {}).get("bytes_per_s")
     oop = (cal.get("stream") or {}).get("bytes_per_s")

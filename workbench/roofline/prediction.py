@@ -148,7 +148,8 @@ def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None,
 
     compute: the kernel's dot flops at the measured rate for its dot's size (the host's matmul curve) where the spec
     has one, else at the peak; its other flops at the peak; its transcendentals at the special-function rate.
-    memory: its bytes in + out over `memory_bw` (default: the spec's memory bandwidth)."""
+    memory: its bytes over `memory_bw` (default: the spec's memory bandwidth) as kernel_roof moves them (on a host:
+    write-allocate, the cache when its arrays times `sharers` fit, strided transposes)."""
     kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw, sharers)
     launch = spec.kernel_launch_s or 0.0  # the executor's fixed cost per kernel (host: measured)
     return KernelTime(roof_seconds(k, spec, kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
