@@ -122,3 +122,14 @@ def test_gpu_check_script_tiny_on_cpu(env, tmp_path):
     tiling = summary["sections"]["benchmarks.gpu_tiling"]
     assert "failed" not in tiling, tiling
     assert all(p["measured_s"] > 0 for p in tiling["sawtooth"]) and tiling["search"]["top"]
+
+
+def test_calibrate_prints_the_memory_figures_the_roofline_prices_with(env):
+    """The console form of the cached calibration names every memory figure a host kernel is priced with: the
+    stream, the in-place stream and what it says of write-allocate, the in-cache stream, the reduction, conversion and
+    strided-transpose rates."""
+    out = wb(env, "calibrate", "--quick").stdout
+    for line in ("stream bandwidth", "in-place stream", "in-cache stream", "reduction", "f32<->bf16 convert",
+                 "strided transpose"):
+        assert line in out, out
+    assert ("write-allocate" in out) or ("reads and writes priced alike" in out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import typer
 
 from workbench.hardware.devices import request_devices
-from workbench.measure.calibrate import load_or_calibrate
+from workbench.measure.calibrate import load_or_calibrate, write_allocates
 from workbench.results.console import emit_json
 
 
@@ -40,8 +40,23 @@ def register(app: typer.Typer) -> None:
               + (f"samples {band[0] / 1e9:.2f}–{band[1] / 1e9:.2f}; " if band else "")
               + f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write, out of place)")
         if cal.get("stream_inplace"):
+            wa = write_allocates(cal)
             print(f"  in-place stream    {cal['stream_inplace']['bytes_per_s'] / 1e9:8.2f} GB/s (output over its input; "
-                  "not used for pricing)")
+                  + ("the caches write-allocate: a kernel from memory moves bytes_in + 2·bytes_out)" if wa else
+                     "reads and writes priced alike)"))
+        if cal.get("cache_stream"):
+            print(f"  in-cache stream    {cal['cache_stream']['bytes_per_s'] / 1e9:8.2f} GB/s "
+                  f"({cal['cache_stream']['buffer_bytes'] / 2**20:.0f} MiB buffers)")
+        rd = cal.get("reduce") or {}
+        if rd.get("from_memory") and rd.get("in_cache"):
+            print(f"  reduction          {rd['in_cache']['per_s'] / 1e9:8.2f} G elements/s in cache, "
+                  f"{rd['from_memory']['per_s'] / 1e9:.2f} from memory")
+        if (cal.get("convert") or {}).get("per_s"):
+            print(f"  f32<->bf16 convert {cal['convert']['per_s'] / 1e9:8.2f} G/s (inside fused kernels)")
+        tr = cal.get("transpose") or {}
+        if tr.get("in_cache") and tr.get("from_memory"):
+            print(f"  strided transpose  {tr['in_cache']['per_s'] / 1e9:8.2f} G elements/s in cache "
+                  f"({tr['in_cache']['n']}²), {tr['from_memory']['per_s'] / 1e9:.2f} from memory ({tr['from_memory']['n']}²)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
         for k, v in cal["physical"]["derivation"].items():
