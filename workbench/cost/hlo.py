@@ -573,8 +573,9 @@ def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:
 _LAYOUT_RE = re.compile(r"\[([0-9,]*)\]\{([0-9,]*)")
 
 
-def layout_order(type_str: str) -> tuple[list[int], list[int]] | None:
-    """(dims, minor-to-major order) of a one-array type string (row-major when it carries no layout), else None."""
+def minor_dim(type_str: str) -> int | None:
+    """The logical dimension an array is contiguous along: the first of its layout's minor-to-major list with more
+    than one element (row-major when the type carries no layout); None for a scalar, a tuple or a 1-element array."""
     if type_str.lstrip().startswith("("):
         return None
     m = _LAYOUT_RE.search(type_str)
@@ -583,16 +584,6 @@ def layout_order(type_str: str) -> tuple[list[int], list[int]] | None:
         return None
     dims = [int(d) for d in dims_m.group(1).split(",") if d]
     order = [int(d) for d in m.group(2).split(",") if d] if m else list(range(len(dims) - 1, -1, -1))
-    return dims, order
-
-
-def minor_dim(type_str: str) -> int | None:
-    """The logical dimension an array is contiguous along: the first of its layout's minor-to-major list with more
-    than one element (row-major when the type carries no layout); None for a scalar, a tuple or a 1-element array."""
-    lo = layout_order(type_str)
-    if lo is None:
-        return None
-    dims, order = lo
     return next((d for d in order if d < len(dims) and dims[d] > 1), None)
 
 

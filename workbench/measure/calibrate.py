@@ -391,7 +391,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                              "spread": mi.spread, "counted": "bytes read + bytes written",
                              "kernel": "y = a·x + b written over x (donated)"}
     ratio = out["stream_inplace"]["bytes_per_s"] / bw_mid
-    if ratio >= WRITE_ALLOCATE_RATIO:
+    if write_allocates(out):  # out['stream'] holds the middle sample here, the one `ratio` is taken against
         out["findings"].append(
             f"in-place streaming (output over its input) ran {ratio:.2f}x the out-of-place rate "
             f"({out['stream_inplace']['bytes_per_s'] / 1e9:.1f} vs {bw_mid / 1e9:.1f} GB/s): the caches "
@@ -411,7 +411,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": rc["bytes_per_s"], "spread": rc["spread"],
                            "counted": "bytes read + bytes written", "kernel": out["stream"]["kernel"]}
     out["reduce"] = measure_reduce(xbig, xc, reps, quiet)
-    if ratio >= WRITE_ALLOCATE_RATIO:
+    if write_allocates(out):
         read = out["reduce"]["from_memory"]["per_s"] * 4
         out["findings"].append(
             f"the sum over the stream's buffer read {read / 1e9:.1f} GB/s, {read / (1.5 * bw_mid):.2f}x the read rate "
