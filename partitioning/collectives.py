@@ -21,7 +21,8 @@ Infinity Fabric (MI300X: a full mesh, one direct link to each of up to 7 peers):
 Host memory (simulated CPU devices on one host): a collective is memory traffic through the host's memory:
     all-gather/reduce-scatter/all-to-all move 2·V·(g−1)/g bytes (read + write), all-reduce 4·V·(g−1)/g, permute 2·V,
     at the host's measured streaming bandwidth (the roofline multiplies by the device count: they share it), plus
-    α per collective (the host's measured rendezvous cost, per device).
+    α per collective (the host's measured rendezvous cost, per device, at the collective's group size: on a 2-core
+    host 8 devices meeting in groups of 2 waited a quarter as long as all 8 meeting at once).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def collective_time(kind: str, payload_bytes: float, group_size: int, interconne
         return 0.0
     kind = kind.replace("ragged-", "")
     ic = interconnect
-    a = ic.latency_s or 0.0
+    a = (ic.latency_for(g) if ic.kind == "host-memory" else ic.latency_s) or 0.0
     frac = (g - 1) / g
     if ic.kind.startswith("ici"):
         k = max(1, torus_axes)

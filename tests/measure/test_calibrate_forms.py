@@ -139,3 +139,19 @@ def test_transpose_probes_avoid_power_of_two_strides_and_fit_their_residency():
         assert all(math.gcd(4 * n, 4096) < 1024 for n in s.values())
     r = measure_transpose(jax.devices()[0], 2 * 2**20, 3, True, quick=True)
     assert r["in_cache"]["per_s"] > 0 and r["from_memory"]["n"] == transpose_sizes(2 * 2**20, True)["from_memory"]
+
+
+def test_rendezvous_is_measured_per_group_size():
+    """A fresh 8-device process times psum chains in groups of 2, 4 and 8; each group size has its own figure, the
+    top-level one is the whole mesh's."""
+    import pytest
+
+    from workbench.measure.calibrate import measure_rendezvous
+
+    r = measure_rendezvous(8, 1)
+    assert r is not None and set(r["by_group"]) == {"2", "4", "8"}
+    for g, v in r["by_group"].items():
+        assert v["collectives_apart"] == 16 and v["per_collective_s"] >= 0
+        assert v["per_collective_per_device_s"] == pytest.approx(v["per_collective_s"] / 8)
+    assert r["per_collective_s"] == r["by_group"]["8"]["per_collective_s"]
+    assert measure_rendezvous(6, 1, groups=(4,))["by_group"].keys() == {"6"}  # 4 does not divide 6: the whole mesh

@@ -167,9 +167,24 @@ def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
     assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
 
 
-def test_the_matmul_curve_is_read_as_its_running_maximum():
+def test_the_matmul_curve_is_read_as_its_monotone_fit():
+    from workbench.hardware.spec import monotone_curve
+
+    # a dip is pooled with the point before it (their mean), not priced alone nor lifted to the higher neighbour
     dip = dataclasses.replace(CHIP, matmul_curve=((512, 8e12), (1024, 5e12), (2048, 10e12)))
-    assert dip.matmul_rate(1024, "float32") == pytest.approx(8e12)  # the running maximum, not the dip
+    assert dip.matmul_rate(1024, "float32") == pytest.approx(6.5e12)
+    assert dip.matmul_rate(512, "float32") == pytest.approx(6.5e12)
+    # a high point between lower larger ones does not lift them: the three pool at their mean (a running maximum
+    # priced every size from 1024 on at 196)
+    bump = ((512, 178e9), (1024, 196e9), (2048, 178e9), (4096, 178e9))
+    assert [r for _, r in monotone_curve(bump)] == pytest.approx([178e9, 184e9, 184e9, 184e9])
+    host = dataclasses.replace(CHIP, kind="cpu", peak_flops={"float32": 196e9, "bfloat16": 368e9}, matmul_curve=bump)
+    assert host.matmul_rate(2048, "float32") == pytest.approx(184e9)
+    # another dtype takes the curve's shape with its top at the dtype's ceiling
+    assert host.matmul_rate(4096, "bfloat16") == pytest.approx(368e9)
+    assert host.matmul_rate(512, "bfloat16") == pytest.approx(368e9 * 178 / 184)
+    # an increasing curve is its own fit
+    assert monotone_curve(((256, 1.0), (128, 0.5), (512, 2.0))) == [(128, 0.5), (256, 1.0), (512, 2.0)]
 
 
 def test_the_kernel_sum_is_checked_against_cost_analysis_in_its_convention():
@@ -214,6 +229,21 @@ def test_simulated_devices_pay_a_rendezvous_per_array_of_a_combined_all_reduce()
     assert collective_time("all-to-all", 1e6, 8, ic, operands=8) == pytest.approx(collective_time("all-to-all", 1e6, 8, ic))
     assert collective_time("all-reduce", 1e6, 8, CHIP.interconnect, operands=5) == pytest.approx(
         collective_time("all-reduce", 1e6, 8, CHIP.interconnect))
+
+
+def test_simulated_devices_pay_the_rendezvous_of_their_group_size():
+    """Where the calibration measured the rendezvous per group size, a host-memory collective pays its own group's
+    (the nearest measured size in log scale); without it, the single figure; real interconnects keep latency_s."""
+    ic = Interconnect("host-memory", 1e10, 1, latency_s=4e-5, latency_by_group=((2, 1e-5), (4, 2e-5), (8, 4e-5)))
+    bare = Interconnect("host-memory", 1e10, 1)
+    for g, a in ((2, 1e-5), (4, 2e-5), (8, 4e-5), (16, 4e-5), (3, 2e-5)):
+        assert collective_time("all-reduce", 1e6, g, ic) == pytest.approx(collective_time("all-reduce", 1e6, g, bare) + a)
+    assert collective_time("all-reduce", 1e6, 2, ic, operands=3) == pytest.approx(
+        collective_time("all-reduce", 1e6, 2, bare) + 3e-5)
+    flat = Interconnect("host-memory", 1e10, 1, latency_s=4e-5)
+    assert flat.latency_for(2) == 4e-5
+    ici = dataclasses.replace(CHIP.interconnect, latency_by_group=((2, 1.0),))
+    assert collective_time("all-gather", 1e6, 2, ici) == pytest.approx(collective_time("all-gather", 1e6, 2, CHIP.interconnect))
 
 
 def test_write_allocating_hosts_move_a_written_byte_twice():

@@ -61,11 +61,41 @@ class Interconnect:
     links: int
     latency_s: float = 0.0
     scale_out_bw: float | None = None  # per chip, one way (InfiniBand/DCN)
+    # host-memory only: ((group size, latency_s), ...) where the rendezvous was measured per group size
+    latency_by_group: tuple[tuple[int, float], ...] | None = None
+
+    def latency_for(self, group_size: int) -> float:
+        """α for a collective over `group_size` devices: the figure measured at the nearest group size (in log
+        size) where latency_by_group holds any, else latency_s."""
+        if not self.latency_by_group:
+            return self.latency_s
+        import math
+
+        g = max(int(group_size), 1)
+        return min(self.latency_by_group, key=lambda p: (abs(math.log(p[0]) - math.log(g)), -p[0]))[1]
 
     @property
     def per_chip_bw(self) -> float:
         """One-way bytes/s a chip can push over all its links."""
         return self.link_bw * self.links
+
+
+def monotone_curve(points) -> list[tuple[float, float]]:
+    """The non-decreasing curve closest in least squares to measured (size, rate) points: isotonic regression by
+    pooling adjacent violators, each point weighted alike. A matmul is never slower per FLOP for being larger, so
+    where a measured point breaks that order, the points involved share their mean: the noise of one point moves its
+    neighbours by a share of it, where an upper envelope (a running maximum) would carry every high excursion to all
+    larger sizes. Returns [(size, rate)] sorted by size."""
+    blocks: list[list[float]] = []  # [sum of rates, count]
+    pts = sorted(points)
+    for _, r in pts:
+        blocks.append([r, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    rates = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return [(n, r) for (n, _), r in zip(pts, rates)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +119,8 @@ class HardwareSpec:
     hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
     collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
+    # host only: ((group size, per-device rendezvous s), ...): the same measured with the mesh in groups of 2, 4, 8
+    collective_latency_by_group: tuple[tuple[int, float], ...] | None = None
     # host only: elements/s XLA's reduction kernels consume, from memory and from the last-level cache
     reduce_per_s: float | None = None
     reduce_per_s_cached: float | None = None
@@ -103,20 +135,20 @@ class HardwareSpec:
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,
         interpolated in log(size) and scaled to the dtype's peak; the peak where no curve was measured. The curve is
-        read as its running maximum: a larger matmul reuses each operand byte more and is never slower per FLOP than
-        a smaller one, so a point below a smaller size's rate (a square size the library handles badly, or noise;
-        1024³ ran at 71 GFLOP/s between 512³ at 79 and 2048³ at 110 here while the training step's 2048×512×2048
-        dots ran at 100-130) does not price the sizes around it."""
+        read as its monotone fit (monotone_curve): a larger matmul reuses each operand byte more and is never slower
+        per FLOP than a smaller one, so a point below a smaller size's rate (1024³ at 71 GFLOP/s between 512³ at 79
+        and 2048³ at 110 on one host) is pooled with its neighbours rather than pricing the sizes around it alone;
+        and a point above the larger sizes' (1024³ at 196 between 2048³ and 4096³ at 178 on a Zen 4 host, where the
+        same shapes alternating in rounds ran within 3 % of each other) is noise that does not lift them."""
         peak = self.peak(dtype)
         if not self.matmul_curve or size <= 0:
             return peak
         import math
 
-        pts, best = [], 0.0
-        for n, r in sorted(self.matmul_curve):
-            best = max(best, r)
-            pts.append((n, best))
-        top = best
+        pts = monotone_curve(self.matmul_curve)
+        # the curve is float32's own measurement at each size; another dtype takes its shape, scaled so that its top
+        # is the dtype's measured ceiling
+        top = pts[-1][1] if dtype_name(dtype) != "float32" else peak
         if size <= pts[0][0]:
             r = pts[0][1]
         elif size >= pts[-1][0]:

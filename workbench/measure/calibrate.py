@@ -48,7 +48,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 19
+CALIBRATION_VERSION = 20
 
 
 def cache_dir() -> str:
@@ -208,7 +208,7 @@ def peak_findings(cal: dict) -> list[str]:
         peak = phys.get(dt)
         if peak and rate > peak * 1.001:
             out.append(f"measured {what} {rate / 1e9:.0f} GFLOP/s exceeds the physical {dt} peak {peak / 1e9:.0f} "
-                       f"GFLOP/s ({der[dt] if dt in der else der['float32']}; clock: {der['clock_source'][:60]}): the "
+                       f"GFLOP/s ({der[dt] if dt in der else der['float32']}; clock: {der['clock_source'].split(' (')[0]}): the "
                        "clock, FMA-pipe count or core count of the derivation is wrong for this host")
     if not der.get("clock_is_maximum"):
         out.append(f"the physical peak uses the OS-reported clock {der['clock_ghz']:.2f} GHz, not a known maximum: "
@@ -459,7 +459,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     _say("calibrate: per-kernel launch cost (chains of tiny dependent kernels)", quiet)
     out["kernel_launch"] = measure_kernel_launch(dev, reps)
     if not quick:
-        _say("calibrate: rendezvous cost of one collective on 8 simulated devices (a fresh process)", quiet)
+        _say("calibrate: rendezvous cost of one collective on 8 simulated devices, groups of 2, 4, 8 (a fresh "
+             "process)", quiet)
         out["rendezvous"] = measure_rendezvous(8, 5)
     stream_samples.append(_stream_sample(nel, dev, few, quiet, "end", xbig)[0])
     del xbig
@@ -798,6 +799,9 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
         collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
+        collective_latency_by_group=tuple(sorted((int(g), v["per_collective_per_device_s"]) for g, v in
+                                                 ((cal.get("rendezvous") or {}).get("by_group") or {}).items()))
+        or None,
         reduce_per_s=((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s"),
         reduce_per_s_cached=((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"),
         convert_per_s=(cal.get("convert") or {}).get("per_s"),
@@ -868,47 +872,67 @@ import json, os, sys, time
 import jax
 jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 n = int(sys.argv[1]); lengths = [int(v) for v in sys.argv[2].split(",")]; reps = int(sys.argv[3])
-mesh = Mesh(jax.devices()[:n], ("d",))
-x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P("d")))
-def compiled(k):
+groups = [int(v) for v in sys.argv[4].split(",")]
+def compiled(g, k):
+    # n // g groups of g devices each meet at once: a psum over the mesh's second axis
+    mesh = Mesh(np.array(jax.devices()[:n]).reshape(n // g, g), ("r", "g"))
+    x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, P(("r", "g"))))
     def chain(y):
         for _ in range(k):
-            y = jax.lax.psum(y, "d") * 0.5
+            y = jax.lax.psum(y, "g") * 0.5
         return y
-    return jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d"))).lower(x).compile()
-cs = {k: compiled(k) for k in lengths}
-for c in cs.values():
+    f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P(("r", "g")), out_specs=P(("r", "g"))))
+    return f.lower(x).compile(), x
+cs = {(g, k): compiled(g, k) for g in groups for k in lengths}
+for c, x in cs.values():
     for _ in range(3): jax.block_until_ready(c(x))
-ts = {k: [] for k in lengths}
-for _ in range(reps):  # the chains called in turn: a slow spell of the machine falls on both
-    for k, c in cs.items():
-        t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts[k].append(time.perf_counter() - t0)
-print(json.dumps({"times_s": {str(k): v for k, v in ts.items()},
-                  "collectives": {str(k): c.as_text().count(" all-reduce(") for k, c in cs.items()}}))
+ts = {key: [] for key in cs}
+for _ in range(reps):  # every chain called in turn: a slow spell of the machine falls on all of them
+    for key, (c, x) in cs.items():
+        t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts[key].append(time.perf_counter() - t0)
+print(json.dumps({"times_s": {f"{g},{k}": v for (g, k), v in ts.items()},
+                  "collectives": {f"{g},{k}": c.as_text().count(" all-reduce(") for (g, k), (c, _) in cs.items()}}))
 """
 
+RENDEZVOUS_GROUPS = (2, 4, 8)
 
-def measure_rendezvous(n_devices: int = 8, reps: int = 9) -> dict | None:
-    """Fixed cost of one collective across `n_devices` simulated CPU devices (in a fresh process: the device count
-    is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float per device, called in turn
-    3·reps times in one process; the median over the pairs of (t20 − t4) / collectives apart is the wall time of one
-    rendezvous (every device's thread must arrive; on a few cores that means scheduling them all). Calling the two
-    chains in turn keeps a slow spell of the VM from landing on one of them only (one process per chain measured
-    144–384 µs in three tries within a minute here). None when the subprocess fails."""
+
+def measure_rendezvous(n_devices: int = 8, reps: int = 9, groups: tuple[int, ...] = RENDEZVOUS_GROUPS) -> dict | None:
+    """Fixed cost of one collective on `n_devices` simulated CPU devices, for each group size in `groups` (in a
+    fresh process: the device count is fixed when JAX starts): chains of 4 and 20 dependent all-reduces of one float
+    per device, the n/g groups of g devices meeting at once, every chain called in turn 3·reps times in one process;
+    the median over the pairs of (t20 − t4) / collectives apart is the wall time of one rendezvous of the whole mesh
+    at that group size (every device's thread must arrive at its group's meeting; on a few cores that means
+    scheduling them all, and a larger group waits for more threads). Calling the chains in turn keeps a slow spell of
+    the VM from landing on one of them only (one process per chain measured 144–384 µs in three tries within a
+    minute here). The top-level figures are the largest group's (the whole mesh), `by_group` holds each. None when
+    the subprocess fails."""
+    groups = tuple(g for g in groups if n_devices % g == 0) or (n_devices,)
     try:
-        p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), "4,20", str(3 * reps)],
+        p = subprocess.run([sys.executable, "-c", RENDEZVOUS_SCRIPT, str(n_devices), "4,20", str(3 * reps),
+                            ",".join(map(str, groups))],
                            capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
         res = json.loads(p.stdout.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
-    apart = res["collectives"]["20"] - res["collectives"]["4"]
-    slopes = sorted((b - a) / max(apart, 1) for a, b in zip(res["times_s"]["4"], res["times_s"]["20"]))
-    wall = max(slopes[len(slopes) // 2], 0.0)
-    med = {k: sorted(v)[len(v) // 2] for k, v in res["times_s"].items()}
-    return {"n_devices": n_devices, "per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
-            "chain_s": med, "collectives_apart": apart, "pairs": len(slopes),
-            "slope_range_s": [slopes[0], slopes[-1]],
-            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices, called in "
-                   "turn in one fresh process: the median over the pairs of the wall time per collective"}
+    by_group = {}
+    for g in groups:
+        t4, t20 = res["times_s"][f"{g},4"], res["times_s"][f"{g},20"]
+        apart = res["collectives"][f"{g},20"] - res["collectives"][f"{g},4"]
+        slopes = sorted((b - a) / max(apart, 1) for a, b in zip(t4, t20))
+        wall = max(slopes[len(slopes) // 2], 0.0)
+        by_group[str(g)] = {"per_collective_s": wall, "per_collective_per_device_s": wall / n_devices,
+                            "chain_s": {"4": sorted(t4)[len(t4) // 2], "20": sorted(t20)[len(t20) // 2]},
+                            "collectives_apart": apart, "pairs": len(slopes),
+                            "slope_range_s": [slopes[0], slopes[-1]]}
+    top = by_group[str(max(groups))]
+    return {"n_devices": n_devices, "per_collective_s": top["per_collective_s"],
+            "per_collective_per_device_s": top["per_collective_per_device_s"], "chain_s": top["chain_s"],
+            "collectives_apart": top["collectives_apart"], "pairs": top["pairs"],
+            "slope_range_s": top["slope_range_s"], "by_group": by_group,
+            "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices in groups of "
+                   f"{', '.join(map(str, groups))}, called in turn in one fresh process: the median over the pairs "
+                   "of the wall time per collective (all groups meeting at once)"}

@@ -169,8 +169,10 @@ def roof_seconds(k, spec: HardwareSpec, compute_s: float, memory_s: float) -> fl
 
 def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
     """Simulated devices exchange through this host's memory: its bandwidth, and per collective the measured
-    rendezvous cost (every device's thread must arrive; per device, so the mesh's sum is the wall time)."""
-    return Interconnect("host-memory", bw, 1, latency_s=spec.collective_latency_s or 0.0)
+    rendezvous cost (every device's thread must arrive; per device, so the mesh's sum is the wall time), at the
+    collective's group size where the calibration measured it per group size."""
+    return Interconnect("host-memory", bw, 1, latency_s=spec.collective_latency_s or 0.0,
+                        latency_by_group=spec.collective_latency_by_group)
 
 
 def memory_bw(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool) -> tuple[float, str | None]:
