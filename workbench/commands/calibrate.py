@@ -59,6 +59,13 @@ def register(app: typer.Typer) -> None:
                   f"({tr['in_cache']['n']}²), {tr['from_memory']['per_s'] / 1e9:.2f} from memory ({tr['from_memory']['n']}²)")
         for k, v in cal["transcendentals"].items():
             print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
+        if (cal.get("kernel_launch") or {}).get("per_kernel_s"):
+            print(f"  kernel launch      {cal['kernel_launch']['per_kernel_s'] * 1e6:8.2f} µs per kernel in a program")
+        rv = cal.get("rendezvous") or {}
+        if rv.get("by_group"):
+            per = ", ".join(f"groups of {g}: {v['per_collective_s'] * 1e6:.0f}" for g, v in
+                            sorted(rv["by_group"].items(), key=lambda kv: int(kv[0])))
+            print(f"  rendezvous         µs per collective on {rv['n_devices']} simulated devices ({per})")
         for k, v in cal["physical"]["derivation"].items():
             if k in ("float32", "bfloat16", "fma_pipes_why", "clock_source"):
                 print(f"  physical {k}: {v}")
