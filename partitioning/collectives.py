@@ -22,7 +22,7 @@ Host memory (simulated CPU devices on one host): a collective is memory traffic 
     all-gather/reduce-scatter/all-to-all move 2·V·(g−1)/g bytes (read + write), all-reduce 4·V·(g−1)/g, permute 2·V,
     at the host's measured streaming bandwidth (the roofline multiplies by the device count: they share it), plus
     α per collective (the host's measured rendezvous cost, per device, at the collective's group size: on a 2-core
-    host 8 devices meeting in groups of 2 waited a quarter as long as all 8 meeting at once).
+    host 8 devices meeting in groups of 2 took 46 µs per collective, all 8 meeting at once 245 µs).
 """
 from __future__ import annotations
 
