@@ -929,10 +929,7 @@ def measure_rendezvous(n_devices: int = 8, reps: int = 9, groups: tuple[int, ...
                             "collectives_apart": apart, "pairs": len(slopes),
                             "slope_range_s": [slopes[0], slopes[-1]]}
     top = by_group[str(max(groups))]
-    return {"n_devices": n_devices, "per_collective_s": top["per_collective_s"],
-            "per_collective_per_device_s": top["per_collective_per_device_s"], "chain_s": top["chain_s"],
-            "collectives_apart": top["collectives_apart"], "pairs": top["pairs"],
-            "slope_range_s": top["slope_range_s"], "by_group": by_group,
+    return {"n_devices": n_devices, **top, "by_group": by_group,
             "how": f"chains of 4 and 20 dependent psums of one float on {n_devices} simulated devices in groups of "
                    f"{', '.join(map(str, groups))}, called in turn in one fresh process: the median over the pairs "
                    "of the wall time per collective (all groups meeting at once)"}
