@@ -25,6 +25,11 @@ def env(tmp_path_factory):
     # a measured float32 matmul is positive and below what these cores could do at 2 FMA pipes and 6 GHz
     assert 0 < cal["matmul"]["float32"]["flops_per_s"] <= d["cores"] * d["f32_lanes"] * 2 * 2 * 6e9
     assert cal["stream"]["bytes_per_s"] > 0
+    # bfloat16 has a rate curve of its own, in its ceiling's result form, at the float32 curve's sizes up to the
+    # ceiling's n, each point at or below the bf16 peak the spec takes
+    bf = cal["matmul_curves"]["bfloat16"]
+    assert [r["n"] for r in bf] == [r["n"] for r in cal["matmul_curve"] if r["n"] <= cal["matmul"]["bfloat16"]["n"]]
+    assert all(r["flops_per_s"] > 0 and r["result_dtype"] == cal["matmul"]["bfloat16"]["result_dtype"] for r in bf)
     return e
 
 

@@ -104,6 +104,19 @@ def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
     assert spec.matmul_rate(8192, "bfloat16") == pytest.approx(100e12)  # the top of the curve is the dtype's peak
 
 
+def test_a_dtype_with_its_own_curve_reads_it_and_others_keep_float32s_shape():
+    """A narrow dtype the calibration ran a curve for (matmul_curves) reads that curve as float32 reads its own:
+    directly, capped at its peak; a dtype without one keeps float32's shape scaled to its peak."""
+    spec = dataclasses.replace(CHIP, peak_flops={"float32": 5e12, "bfloat16": 9e12, "float16": 8e12},
+                               matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)),
+                               matmul_curves=(("bfloat16", ((128, 1.5e12), (1024, 8e12))),))
+    assert spec.matmul_rate(128, "bfloat16") == pytest.approx(1.5e12)  # not float32's 1e12 scaled by 9/5
+    assert spec.matmul_rate(math.sqrt(128 * 1024), "bfloat16") == pytest.approx((1.5e12 + 8e12) / 2, rel=1e-12)
+    assert spec.matmul_rate(4096, "bfloat16") == pytest.approx(8e12)  # its top, below its peak
+    assert spec.matmul_rate(128, "float16") == pytest.approx(1e12 * 8e12 / 5e12)
+    assert spec.matmul_rate(128, "float32") == pytest.approx(1e12)
+
+
 def test_physical_peak_follows_the_peak_fallback_chain():
     """A host spec's physical peak for a dtype: its own entry, else the next wider format's (as peak()); catalogue
     chips carry none (their peak is the physical one)."""

@@ -42,11 +42,13 @@ def test_matmul_figures_take_the_median_samples_level():
     from workbench.measure.calibrate import apply_matmul_level
 
     cal = {"matmul": {"float32": {"n": 2048, "flops_per_s": 100e9}, "bfloat16": {"n": 2048, "flops_per_s": 40e9}},
-           "matmul_curve": [{"n": 512, "flops_per_s": 50e9}, {"n": 2048, "flops_per_s": 100e9}]}
+           "matmul_curve": [{"n": 512, "flops_per_s": 50e9}, {"n": 2048, "flops_per_s": 100e9}],
+           "matmul_curves": {"bfloat16": [{"n": 512, "flops_per_s": 70e9}]}}
     findings = apply_matmul_level(cal, {"start": 80e9, "middle": 100e9, "end": 60e9})
     assert cal["matmul_level"]["factor"] == 0.8 and cal["matmul_level"]["range_flops_per_s"] == [60e9, 100e9]
     assert cal["matmul"]["float32"]["flops_per_s"] == 80e9 and cal["matmul"]["bfloat16"]["flops_per_s"] == 32e9
     assert [r["flops_per_s"] for r in cal["matmul_curve"]] == [40e9, 80e9]
+    assert cal["matmul_curves"]["bfloat16"][0]["flops_per_s"] == 56e9
     assert cal["matmul"]["float32"]["flops_per_s_measured"] == 100e9
     assert len(findings) == 1 and "60–100 GFLOP/s" in findings[0] and "×0.80" in findings[0]
     steady = {"matmul": {"float32": {"n": 2048, "flops_per_s": 100e9}}, "matmul_curve": []}

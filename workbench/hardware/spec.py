@@ -116,6 +116,9 @@ class HardwareSpec:
     onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
     matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
+    # host only: ((dtype, ((n, FLOP/s of an n³ matmul in that dtype), ...)), ...): a narrow dtype's own rate curve,
+    # measured where the calibration ran one (bfloat16, since version 21); other dtypes take float32's curve's shape
+    matmul_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] | None = None
     hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
     collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
@@ -133,22 +136,28 @@ class HardwareSpec:
     transpose_per_s_cached: float | None = None
 
     def matmul_rate(self, size: float, dtype) -> float:
-        """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the measured curve,
-        interpolated in log(size) and scaled to the dtype's peak; the peak where no curve was measured. The curve is
-        read as its monotone fit (monotone_curve): a larger matmul reuses each operand byte more and is never slower
-        per FLOP than a smaller one, so a point below a smaller size's rate (1024³ at 71 GFLOP/s between 512³ at 79
-        and 2048³ at 110 on one host) is pooled with its neighbours rather than pricing the sizes around it alone;
-        and a point above the larger sizes' (1024³ at 196 between 2048³ and 4096³ at 178 on a Zen 4 host, where the
-        same shapes alternating in rounds ran within 3 % of each other) is noise that does not lift them."""
+        """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the dtype's own measured
+        curve (matmul_curves) where there is one, else float32's (matmul_curve) scaled to the dtype's peak,
+        interpolated in log(size) and capped at the dtype's peak; the peak where no curve was measured. A narrow
+        dtype has a curve of its own because its shape differs: on a Zen 4 host with avx512_bf16, bf16 ran 1.3–1.5×
+        float32 at 128³–256³ and 2.0–2.1× at 1024³–2048³, so float32's shape scaled to the bf16 ceiling priced the
+        small bf16 dots of a `tiny` step up to 1.5× too fast. A curve is read as its monotone fit (monotone_curve):
+        a larger matmul reuses each operand byte more and is never slower per FLOP than a smaller one, so a point
+        below a smaller size's rate (1024³ at 71 GFLOP/s between 512³ at 79 and 2048³ at 110 on one host) is pooled
+        with its neighbours rather than pricing the sizes around it alone; and a point above the larger sizes' (1024³
+        at 196 between 2048³ and 4096³ at 178 on a Zen 4 host, where the same shapes alternating in rounds ran within
+        3 % of each other) is noise that does not lift them."""
         peak = self.peak(dtype)
-        if not self.matmul_curve or size <= 0:
+        name = dtype_name(dtype)
+        own = dict(self.matmul_curves or ()).get(name)
+        curve = own or self.matmul_curve
+        if not curve or size <= 0:
             return peak
         import math
 
-        pts = monotone_curve(self.matmul_curve)
-        # the curve is float32's own measurement at each size; another dtype takes its shape, scaled so that its top
-        # is the dtype's measured ceiling
-        top = pts[-1][1] if dtype_name(dtype) != "float32" else peak
+        pts = monotone_curve(curve)
+        # float32's curve serves another dtype by its shape, scaled so that its top is the dtype's measured ceiling
+        top = pts[-1][1] if (own is None and name != "float32") else peak
         if size <= pts[0][0]:
             r = pts[0][1]
         elif size >= pts[-1][0]:
@@ -160,6 +169,7 @@ class HardwareSpec:
                     r = r0 + f * (r1 - r0)
                     break
         return min(peak, r * peak / top)
+
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None

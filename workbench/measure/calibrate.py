@@ -48,7 +48,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 20
+CALIBRATION_VERSION = 21
 
 
 def cache_dir() -> str:
@@ -204,6 +204,8 @@ def peak_findings(cal: dict) -> list[str]:
     rates += [(f"float32 {r['n']}³ matmul (rate curve)", "float32", max(r.get("flops_per_s_measured", 0.0),
                                                                         r["flops_per_s"]))
               for r in cal.get("matmul_curve", [])]
+    rates += [(f"{dt} {r['n']}³ matmul (rate curve)", dt, max(r.get("flops_per_s_measured", 0.0), r["flops_per_s"]))
+              for dt, rows in (cal.get("matmul_curves") or {}).items() for r in rows]
     for what, dt, rate in rates:
         peak = phys.get(dt)
         if peak and rate > peak * 1.001:
@@ -351,22 +353,34 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
     out["matmul"] = mm
     out.setdefault("findings", []).extend(findings)
-    # achievable float32 matmul rate against problem size: small and skinny matmuls run far from the peak. The sizes
-    # alternate in rounds, so a drift in the machine's load reaches every size alike (not one point of the curve)
+    # achievable matmul rate against problem size: small and skinny matmuls run far from the peak. float32 and
+    # bfloat16 (in its ceiling's result form) each have a curve: their shapes differ (bf16 gains less over float32 on
+    # small matmuls than on large ones). The sizes alternate in rounds, so a drift in the machine's load reaches every
+    # size alike (not one point of a curve)
     sizes = (128, 256, 512) if quick else (128, 256, 512, 1024, 2048, 4096)
-    progs = {cn: matmul_probe(cn, dev) for cn in sizes}
-    times: dict[int, list[float]] = {cn: [] for cn in sizes}
+    keys = [("float32", cn) for cn in sizes]
+    bf16_form = (mm.get("bfloat16") or {}).get("result_dtype")
+    if bf16_form:
+        keys += [("bfloat16", cn) for cn in sizes if cn <= n]
+    progs = {(dt, cn): matmul_probe(cn, dev, dt, bf16_form if dt == "bfloat16" else None) for dt, cn in keys}
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in keys}
     rounds = 3
     for r in range(rounds):
-        for cn in sizes:
-            _say(f"calibrate: float32 matmul {cn}³ (rate against size, round {r + 1}/{rounds})", quiet)
-            c, x, y = progs[cn]
-            times[cn] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds)).times_s
-    curve = []
-    for cn in sizes:
-        m = summarize(times[cn], warmup=2, calls=1, compile_s=None)
-        curve.append({"n": cn, "flops_per_s": 2.0 * cn**3 / m.median_s, "spread": m.spread})
+        for dt, cn in keys:
+            _say(f"calibrate: {dt} matmul {cn}³ (rate against size, round {r + 1}/{rounds})", quiet)
+            c, x, y = progs[(dt, cn)]
+            times[(dt, cn)] += measure(c, x, y, warmup=2 if r == 0 else 1,
+                                       repeats=math.ceil(reps / rounds)).times_s
+    curves: dict[str, list[dict]] = {}
+    for dt, cn in keys:
+        m = summarize(times[(dt, cn)], warmup=2, calls=1, compile_s=None)
+        row = {"n": cn, "flops_per_s": 2.0 * cn**3 / m.median_s, "spread": m.spread}
+        if dt != "float32":
+            row["result_dtype"] = bf16_form
+        curves.setdefault(dt, []).append(row)
+    curve = curves["float32"]
     del progs
+    out["matmul_curves"] = {dt: v for dt, v in curves.items() if dt != "float32"}
     out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
     # streaming bandwidth, buffers far larger than the last-level cache: the out-of-place kernel (second sample)
     bw_mid, st, xbig = _stream_sample(nel, dev, reps, quiet, "middle", xbig)
@@ -614,15 +628,17 @@ def _stream_sample(nel: int, dev, reps: int, quiet: bool, when: str, x=None):
     return r["bytes_per_s"], r, x
 
 
-def matmul_probe(n: int, dev):
-    """(compiled, x, y) of the float32 n³ matmul that samples the machine's matmul rate (matmul_sample)."""
+def matmul_probe(n: int, dev, dtype: str = "float32", result: str | None = None):
+    """(compiled, x, y) of an n³ matmul in `dtype` with a `result` result (default: the operands' dtype); the float32
+    one samples the machine's matmul rate (matmul_sample)."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dtype))
     x, y = random_inputs((a, a), seed=1)
     x, y = jax.device_put(x, dev), jax.device_put(y, dev)
-    return jax.jit(lambda p, q: p @ q).lower(x, y).compile(), x, y
+    rt = jnp.dtype(result or dtype)
+    return jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=rt)).lower(x, y).compile(), x, y
 
 
 def matmul_sample(probe, reps: int, quiet: bool = True, when: str = "now") -> float:
@@ -650,7 +666,8 @@ def apply_matmul_level(cal: dict, samples: dict[str, float]) -> list[str]:
     median / middle, keeping the phase value as `flops_per_s_measured`; `matmul_level` records the samples, their
     range and the factor. Returns the findings: one line when the samples span more than 15 %."""
     vals, med, factor = _level(samples)
-    for v in list(cal.get("matmul", {}).values()) + list(cal.get("matmul_curve", [])):
+    for v in (list(cal.get("matmul", {}).values()) + list(cal.get("matmul_curve", []))
+              + [r for rows in (cal.get("matmul_curves") or {}).values() for r in rows]):
         v["flops_per_s_measured"] = v["flops_per_s"]
         v["flops_per_s"] = v["flops_per_s"] * factor
     cal["matmul_level"] = {"samples": dict(samples), "range_flops_per_s": [vals[0], vals[-1]], "factor": factor,
@@ -784,6 +801,9 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
     peaks = {dt: v["flops_per_s"] for dt, v in cal["matmul"].items()}
     if cal.get("matmul_curve"):  # float32: the best rate XLA reached over the sizes measured
         peaks["float32"] = max(peaks["float32"], *(r["flops_per_s"] for r in cal["matmul_curve"]))
+    for dt, rows in (cal.get("matmul_curves") or {}).items():  # a narrow dtype's own curve, the same way
+        if rows and dt in peaks:
+            peaks[dt] = max(peaks[dt], *(r["flops_per_s"] for r in rows))
     bw = cal["stream"]["bytes_per_s"]
     tr = cal["transcendentals"]
     rate = sorted(v["per_s"] for v in tr.values())[len(tr) // 2]  # the median function
@@ -796,6 +816,8 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
+        matmul_curves=tuple((dt, tuple((r["n"], r["flops_per_s"]) for r in rows))
+                            for dt, rows in sorted((cal.get("matmul_curves") or {}).items()) if rows) or None,
         hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
         collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
