@@ -12,9 +12,13 @@ just before the row is timed, the out-of-place stream, the calibration's float32
 vector units' rate: special functions, conversions, in-cache reductions) (`predicted_s_now`,
 `error_now`, `stream_now_bytes_per_s`, `matmul_now_flops_per_s`; medians `median_error_ops_heldout_now`,
 `median_error_programs_now`): on a VM whose memory bandwidth and matmul rate move by tens of percent within minutes,
-the second separates the machine's drift from the model's error. Every row is also timed twice (`measured_s_repeat`,
-`repeat_change`; ops in a second pass over the list after the programs, programs again after their trace):
-`repeatability` holds the median |second / first − 1|, the floor under any prediction's error on this host.
+the second separates the machine's drift from the model's error. Every row is timed three times, and its
+`measured_s` is the median of the three (`measured_s_timings`; ops in three passes over the list, before the
+programs, halfway through them and after them; programs three times in their process, each timing at least a second
+of steps): one timing caught in a slow spell of the VM does not decide a row. The first timing's figures stay beside
+it (`measured_s_first`, `error_first`, medians `median_error_*_first_timing`). The first two timings give
+`measured_s_repeat` and `repeat_change`: `repeatability` holds the median |second / first − 1|, the floor under any
+prediction's error on this host.
 
 Ops: in-sample rows are shapes the calibration itself ran (square float32 matmuls at the sizes of its rate curve): a
 prediction there replays the calibration. Held-out rows are shapes it never ran: non-square, odd, batched and
@@ -67,6 +71,7 @@ from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import memory_bw, predict
 
 NOW = "host-now"  # the host spec with the stream and the matmul rate sampled just before a row is timed
+PROGRAM_MIN_S = 1.0  # each of a program's timings runs at least this long (a `tiny` step is ~10 ms)
 _BUF: dict = {}
 
 
@@ -87,8 +92,9 @@ def machine_now(host, cal: dict):
     rate = matmul_sample(_BUF["probe"], 3)
     f = rate / cal["matmul"]["float32"]["flops_per_s"]
     curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None
+    curves = tuple((dt, tuple((m, r * f) for m, r in pts)) for dt, pts in host.matmul_curves or ()) or None
     vec = vector_now(host, cal)
-    return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve,
+    return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve, matmul_curves=curves,
                                peak_flops={dt: v * f for dt, v in host.peak_flops.items()}, **vec), rate
 
 
@@ -112,9 +118,11 @@ def vector_now(host, cal: dict) -> dict:
 def mean_spec(a, b):
     """The host spec whose memory rate, peaks, matmul curve and vector rates are the means of two machine_now samples' (a
     program's timing spans a minute: sampled before and after it)."""
-    curve = tuple((n, (r + q) / 2) for (n, r), (_, q) in zip(a.matmul_curve, b.matmul_curve)) if a.matmul_curve else None
+    mean = lambda p, q: tuple((n, (r + s) / 2) for (n, r), (_, s) in zip(p, q))  # noqa: E731
+    curve = mean(a.matmul_curve, b.matmul_curve) if a.matmul_curve else None
+    curves = tuple((dt, mean(p, q)) for (dt, p), (_, q) in zip(a.matmul_curves or (), b.matmul_curves or ())) or None
     vec = {k: (getattr(a, k) + getattr(b, k)) / 2 for k in VECTOR_FIELDS if getattr(a, k) and getattr(b, k)}
-    return dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2, matmul_curve=curve,
+    return dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2, matmul_curve=curve, matmul_curves=curves,
                                peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()}, **vec)
 
 
@@ -194,12 +202,13 @@ def op_program(builder: str, sizes: dict, dtype: str):
 
 
 def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:
-    """Whether the calibration `cal` itself ran this op: a square matmul at a size of its float32 rate curve, or at
-    the size of its matmul measurement for that dtype."""
+    """Whether the calibration `cal` itself ran this op: a square matmul at a size of its rate curve for that dtype
+    (float32's, or bfloat16's own since calibration version 21), or at the size of its matmul ceiling for it."""
     if builder != "matmul" or not (sizes["m"] == sizes["n"] == sizes["k"]):
         return False
     n = sizes["m"]
-    curve = {r["n"] for r in cal.get("matmul_curve", [])} if dtype == "float32" else set()
+    curve = {r["n"] for r in (cal.get("matmul_curve", []) if dtype == "float32"
+                              else (cal.get("matmul_curves") or {}).get(dtype, []))}
     return n in curve or cal.get("matmul", {}).get(dtype, {}).get("n") == n
 
 
@@ -229,19 +238,37 @@ def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
     return rows
 
 
-def remeasure_ops(rows: list[dict], ops, repeats: int, save=None) -> list[dict]:
-    """Time every op again, minutes after its first timing (a second pass over the list): `measured_s_repeat` and
-    `repeat_change` (second / first − 1) per row. The spread between the two passes is the host's own
-    repeatability, the floor under any prediction's error on it."""
+def remeasure_ops(rows: list[dict], ops, repeats: int, save=None, which: str = "second") -> list[dict]:
+    """Time every op again, minutes after its first timing (a pass over the whole list). The second pass gives
+    `measured_s_repeat` and `repeat_change` (second / first − 1) per row: the spread between the two passes is the
+    host's own repeatability, the floor under any prediction's error on it. Every pass's median joins the row's
+    `measured_s_passes`."""
     for row, (name, builder, sizes, dtype) in zip(rows, ops):
-        print(f"op (second timing): {name}", file=sys.stderr, flush=True)
+        print(f"op ({which} timing): {name}", file=sys.stderr, flush=True)
         fn, args = op_program(builder, sizes, dtype)
         c = jax.jit(fn).lower(*args).compile()
         m = measure(c, *random_inputs(args, seed=0), warmup=2, repeats=repeats)
-        row.update(measured_s_repeat=m.median_s, repeat_change=m.median_s / row["measured_s"] - 1)
+        row.setdefault("measured_s_passes", [row["measured_s"]]).append(m.median_s)
+        if which == "second":
+            row.update(measured_s_repeat=m.median_s, repeat_change=m.median_s / row["measured_s"] - 1)
         if save:
             save(rows, None)
     return rows
+
+
+def settle(row: dict, timings: list[float]) -> dict:
+    """The row's measured time is the median of its timings spread over the run (an op: three passes over the list,
+    minutes apart; a program: three timings in its process), so that one timing caught in a slow spell of the VM
+    does not decide the row; the first timing's figures stay beside it (`measured_s_first`, `error_first`,
+    `signed_error_first`)."""
+    first = timings[0]
+    m = statistics.median(timings)
+    p, pn = row["predicted_s"], row.get("predicted_s_now")
+    row.update(measured_s_first=first, error_first=abs(p - first) / first, signed_error_first=p / first - 1,
+               measured_s=m, error=abs(p - m) / m, signed_error=p / m - 1, measured_s_timings=list(timings))
+    if pn is not None:
+        row["error_now"] = abs(pn - m) / m
+    return row
 
 
 # ------------------------------------------------------------------------------------------ programs
@@ -280,7 +307,8 @@ def run_worker(spec: dict) -> dict:
     pred = predict(comp.cost, host, dtype=dtype)
     cal = load_or_calibrate(run_if_missing=False)
     now, rate = machine_now(host, cal) if spec.get("now", True) else (None, None)
-    m = measure_steps(step, warmup=2, repeats=int(spec.get("steps", 5)), compile_s=comp.compile_s)
+    steps = int(spec.get("steps", 5))
+    m = measure_steps(step, warmup=2, repeats=steps, compile_s=comp.compile_s, min_total_s=PROGRAM_MIN_S)
     classes = None
     if spec.get("kernels", True):
         bw, _ = memory_bw(comp.cost, host, n > 1)
@@ -288,21 +316,24 @@ def run_worker(spec: dict) -> dict:
                      dtype=dtype, memory_bw=bw)
         classes = {c.kernel_class: c.to_record() for c in table.classes}
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
-    again = measure_steps(step, warmup=1, repeats=int(spec.get("steps", 5)))  # after the trace: repeatability
+    again = measure_steps(step, warmup=1, repeats=steps, min_total_s=PROGRAM_MIN_S)  # after the trace: repeatability
+    third = measure_steps(step, warmup=1, repeats=steps, min_total_s=PROGRAM_MIN_S)
     if now is not None:  # the machine sampled again after the timings: the program is priced at the mean
         now_after, rate_after = machine_now(host, cal)
         now, rate = mean_spec(now, now_after), (rate + rate_after) / 2
     pn = predict(comp.cost, now, dtype=dtype).predicted_s if now is not None else None
     return {"measured_s_repeat": again.median_s, "repeat_change": again.median_s / m.median_s - 1,
-            "predicted_s": pred.predicted_s, "measured_s": m.median_s, "measured_iqr_s": m.iqr_s,
-            "predicted_s_now": pn, "error_now": abs(pn - m.median_s) / m.median_s if pn is not None else None,
+            "predicted_s": pred.predicted_s, "timings_s": [m.median_s, again.median_s, third.median_s],
+            "measured_iqr_s": m.iqr_s, "steps_timed": [m.repeats, again.repeats, third.repeats],
+            "predicted_s_now": pn,
             "stream_now_bytes_per_s": now.hbm_bw if now is not None else None, "matmul_now_flops_per_s": rate,
             "predicted_s_band": pred.predicted_s_band, "bound": pred.bound, "wide_spread": m.wide_spread,
             "compile_s": comp.compile_s, "n_devices": n, "kernel_classes": classes}
 
 
-def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None) -> list[dict]:
-    rows = []
+def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None, rows=None) -> list[dict]:
+    """Each program in its own worker process; the rows are appended to `rows` (a list begun by an earlier call)."""
+    rows = [] if rows is None else rows
     for name, spec in programs:
         print(f"program: {name}", file=sys.stderr, flush=True)
         spec = dict(spec, kernels=kernels)
@@ -314,10 +345,8 @@ def run_programs(programs, *, kernels: bool, timeout: int = 900, save=None) -> l
                          "in_sample": False, "failed": (p.stderr or "").strip().splitlines()[-1:] or ["no output"]})
             continue
         r = json.loads(lines[-1])
-        pr, me = r["predicted_s"], r["measured_s"]
-        rows.append({"name": name, "config": spec, "predicted_s": pr, "measured_s": me, "error": abs(pr - me) / me,
-                     "signed_error": pr / me - 1, "in_sample": False, **{k: v for k, v in r.items()
-                                                                         if k not in ("predicted_s", "measured_s")}})
+        timings = r.pop("timings_s")
+        rows.append(settle({"name": name, "config": spec, "in_sample": False, **r}, timings))
         if save:
             save(None, rows)
     return rows
@@ -353,6 +382,9 @@ def report(ops: list[dict], programs: list[dict], before: dict, after: dict | No
             "median_error_ops_heldout": _median(o["error"] for o in held),
             "median_error_ops_in_sample": _median(o["error"] for o in ops if o["in_sample"]),
             "median_error_programs": _median(p["error"] for p in programs),
+            # against each row's first timing alone (before the median of three timings)
+            "median_error_ops_heldout_first_timing": _median(o.get("error_first") for o in held),
+            "median_error_programs_first_timing": _median(p.get("error_first") for p in programs),
             # the same, priced with the stream and the matmul rate sampled just before each row (the machine's drift
             # taken out)
             "median_error_ops_heldout_now": _median(o.get("error_now") for o in held),
@@ -403,9 +435,14 @@ def main(argv=None) -> dict:
 
     op_list = QUICK_OPS if args.quick else IN_SAMPLE_OPS + HELD_OUT
     ops = run_ops(op_list, before, repeats=5 if args.quick else 10, save=save)
-    programs = [] if args.no_programs else run_programs(QUICK_PROGRAMS if args.quick else PROGRAMS,
-                                                       kernels=not args.no_kernels, save=save)
+    # the ops are timed in three passes spread over the run: before the programs, halfway through them, after them
+    plist = [] if args.no_programs else (QUICK_PROGRAMS if args.quick else PROGRAMS)
+    half = (len(plist) + 1) // 2
+    programs = run_programs(plist[:half], kernels=not args.no_kernels, save=save)
     ops = remeasure_ops(ops, op_list, repeats=5 if args.quick else 10, save=save)
+    programs = run_programs(plist[half:], kernels=not args.no_kernels, save=save, rows=programs)
+    ops = remeasure_ops(ops, op_list, repeats=5 if args.quick else 10, save=save, which="third")
+    ops = [settle(o, o["measured_s_passes"]) for o in ops]
     after = load_or_calibrate(force=True, quick=args.quick)
     out = save(ops, programs, after)
     Store().append(make_record("prediction_error", {"quick": args.quick, "programs": not args.no_programs},
@@ -423,8 +460,10 @@ def main(argv=None) -> dict:
         print(f"median error: held-out ops {fmt(out['median_error_ops_heldout'])}, in-sample ops "
               f"{fmt(out['median_error_ops_in_sample'])}, programs {fmt(out['median_error_programs'])} (with the "
               f"stream and the matmul sampled before each row: held-out ops "
-              f"{fmt(out['median_error_ops_heldout_now'])}, programs {fmt(out['median_error_programs_now'])}); the "
-              f"host's repeatability (each row timed twice): ops {fmt(out['repeatability']['ops'])}, programs "
+              f"{fmt(out['median_error_ops_heldout_now'])}, programs {fmt(out['median_error_programs_now'])}); "
+              f"first timings alone: held-out ops {fmt(out['median_error_ops_heldout_first_timing'])}, programs "
+              f"{fmt(out['median_error_programs_first_timing'])}; the "
+              f"host's repeatability (first timing against the second): ops {fmt(out['repeatability']['ops'])}, programs "
               f"{fmt(out['repeatability']['programs'])}; drift "
               f"matmul {drift['matmul_float32']:+.1%}, stream {drift['stream']:+.1%}; {args.out}")
     return out

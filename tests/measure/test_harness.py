@@ -1,4 +1,5 @@
 """The measurement harness: statistics, recompile guard, random inputs, per-kernel profiles and the dot floor."""
+import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,23 @@ def test_recompile_during_timing_is_an_error():
 
     with pytest.raises(RecompileError):
         measure_steps(step, warmup=1, repeats=3, guard=f)
+
+
+def test_steps_are_timed_until_they_add_up_to_the_floor():
+    """measure_steps times at least `repeats` steps, then more until their sum reaches min_total_s, never past
+    max_repeats; without a floor, exactly `repeats`."""
+    seen = []
+
+    def step(i):
+        seen.append(i)
+        time.sleep(0.002)
+        return jnp.zeros(())
+
+    m = measure_steps(step, warmup=1, repeats=3, min_total_s=0.05, max_repeats=500)
+    assert 0.05 <= sum(m.times_s) < 0.05 + 5 * max(m.times_s) and m.repeats == len(m.times_s) > 3
+    assert seen == list(range(1 + m.repeats))  # warm-up step 0, then the timed steps in order
+    assert measure_steps(step, warmup=1, repeats=3).repeats == 3
+    assert measure_steps(step, warmup=1, repeats=3, min_total_s=10.0, max_repeats=6).repeats == 6
 
 
 def test_interleaved_rounds_time_every_program_once_per_round():

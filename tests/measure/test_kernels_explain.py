@@ -180,13 +180,28 @@ def test_held_out_ops_are_flagged_apart_from_in_sample():
     from benchmarks.prediction_error import HELD_OUT, IN_SAMPLE_OPS, in_sample
 
     cal = {"matmul_curve": [{"n": n} for n in (128, 256, 512, 1024, 2048, 4096)],
-           "matmul": {"float32": {"n": 2048}, "bfloat16": {"n": 2048}}}
+           "matmul": {"float32": {"n": 2048}, "bfloat16": {"n": 2048}},
+           "matmul_curves": {"bfloat16": [{"n": n} for n in (128, 256, 512, 1024, 2048)]}}
     assert all(in_sample(b, s, d, cal) for _, b, s, d in IN_SAMPLE_OPS)
     assert not any(in_sample(b, s, d, cal) for _, b, s, d in HELD_OUT)
     assert len(HELD_OUT) >= 10
     assert in_sample("matmul", {"m": 2048, "n": 2048, "k": 2048}, "bfloat16", cal)  # the bf16 calibration size
     assert not in_sample("matmul", {"m": 1536, "n": 1536, "k": 1536}, "bfloat16", cal)
+    assert in_sample("matmul", {"m": 512, "n": 512, "k": 512}, "bfloat16", cal)  # a point of bf16's own curve
     assert not in_sample("matmul", {"m": 1024, "n": 1024, "k": 512}, "float32", cal)
+
+
+def test_a_row_is_measured_at_the_median_of_its_three_timings():
+    """settle: the row's measured time is the median of its timings (one slow timing does not decide it), its errors
+    are against that median, and the first timing's figures stay beside them."""
+    from benchmarks.prediction_error import settle
+
+    row = settle({"predicted_s": 1.0, "predicted_s_now": 1.1}, [2.0, 1.0, 1.25])
+    assert row["measured_s"] == 1.25 and row["measured_s_first"] == 2.0 and row["measured_s_timings"] == [2.0, 1.0, 1.25]
+    assert row["signed_error"] == 1.0 / 1.25 - 1 and row["error"] == 0.25 / 1.25
+    assert row["signed_error_first"] == -0.5 and row["error_first"] == 0.5
+    assert abs(row["error_now"] - 0.15 / 1.25) < 1e-12
+    assert settle({"predicted_s": 1.0}, [1.0])["error"] == 0.0  # a single timing: itself
 
 
 def test_report_keeps_the_now_medians_apart():
@@ -211,13 +226,15 @@ def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated
     from benchmarks.prediction_error import machine_now
     from workbench.hardware.spec import get_spec
 
-    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", matmul_curve=((128, 1e10), (1024, 4e10)))
+    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", matmul_curve=((128, 1e10), (1024, 4e10)),
+                               matmul_curves=(("bfloat16", ((128, 2e10),)),))
     cal = {"stream": {"buffer_bytes": 4 << 20}, "matmul": {"float32": {"n": 128, "flops_per_s": 2e10}},
            "matmul_level": {"n": 128}}
     now, rate = machine_now(host, cal)
     f = rate / 2e10
     assert rate > 0 and now.hbm_bw > 0 and now.name == "host-now" and now.hbm_bw_range is None
     assert now.matmul_curve == ((128, 1e10 * f), (1024, 4e10 * f))
+    assert now.matmul_curves == (("bfloat16", ((128, 2e10 * f),)),)
     assert all(abs(now.peak_flops[dt] / (host.peak_flops[dt] * f) - 1) < 1e-12 for dt in host.peak_flops)
 
 
@@ -252,9 +269,12 @@ def test_mean_spec_averages_two_machine_samples():
     from benchmarks.prediction_error import mean_spec
     from workbench.hardware.spec import get_spec
 
-    base = dataclasses.replace(get_spec("tpu-v5e"), matmul_curve=((128, 1e10), (1024, 4e10)), hbm_bw=10.0)
+    base = dataclasses.replace(get_spec("tpu-v5e"), matmul_curve=((128, 1e10), (1024, 4e10)), hbm_bw=10.0,
+                               matmul_curves=(("bfloat16", ((128, 2e10),)),))
     b = dataclasses.replace(base, matmul_curve=((128, 3e10), (1024, 6e10)), hbm_bw=20.0,
+                            matmul_curves=(("bfloat16", ((128, 4e10),)),),
                             peak_flops={dt: 3 * v for dt, v in base.peak_flops.items()})
     m = mean_spec(base, b)
     assert m.hbm_bw == 15.0 and m.matmul_curve == ((128, 2e10), (1024, 5e10))
+    assert m.matmul_curves == (("bfloat16", ((128, 3e10),)),)
     assert all(m.peak_flops[dt] == 2 * v for dt, v in base.peak_flops.items())

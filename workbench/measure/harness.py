@@ -117,17 +117,21 @@ def measure_interleaved(programs: dict[str, tuple], *, warmup: int = 1, rounds: 
 
 
 def measure_steps(step: Callable[[int], Any], *, warmup: int = 2, repeats: int = 10, guard=None,
-                  compile_s: float | None = None) -> Measurement:
+                  compile_s: float | None = None, min_total_s: float = 0.0, max_repeats: int = 1000) -> Measurement:
     """Time a stateful step: step(i) runs iteration i (feeding its own state forward) and returns what to block on.
-    `guard` is the jitted function whose cache must not grow while timing."""
+    `guard` is the jitted function whose cache must not grow while timing. At least `repeats` steps are timed, and
+    more (up to `max_repeats`) until the timed steps add up to `min_total_s`: a step of a few milliseconds timed five
+    times is a sample a scheduling hiccup of the host decides."""
     for i in range(max(1, warmup)):
         _block(step(i))
     before = _cache_size(guard) if guard is not None else None
-    times = []
-    for i in range(repeats):
+    times: list[float] = []
+    i = 0
+    while i < repeats or (sum(times) < min_total_s and i < max(repeats, max_repeats)):
         t0 = time.perf_counter()
         _block(step(warmup + i))
         times.append(time.perf_counter() - t0)
+        i += 1
     if guard is not None and _cache_size(guard) != before:
         raise RecompileError("the step recompiled while being timed (input shapes/dtypes/shardings changed)")
     return summarize(times, warmup=warmup, calls=1, compile_s=compile_s)
