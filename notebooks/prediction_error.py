@@ -1,8 +1,9 @@
 # %% [markdown]
 # # How good are the predictions? Held-out ops and whole programs
 # The latest record of kind `prediction_error` (`python -m benchmarks.prediction_error`): every op and program with
-# its predicted and measured time; in-sample ops (the calibration's own sizes) apart from held-out ones. Each row was
-# timed twice: the line through a point spans its two timings, the host's own repeatability.
+# its predicted and measured time; in-sample ops (the calibration's own sizes) apart from held-out ones. Each row is
+# measured at the median of three timings spread over the run (two in records before the ninth session): the line
+# through a point spans its timings, the host's own repeatability.
 
 # %%
 from workbench.results import paper
@@ -22,9 +23,9 @@ if pts:
         sel = [r for r, k in pts if k == kind]
         dots = ax.scatter([r["measured_s"] for r in sel], [r["predicted_s"] for r in sel], s=10, label=kind)
         for r in sel:
-            if r.get("measured_s_repeat"):
-                ax.plot([r["measured_s"], r["measured_s_repeat"]], [r["predicted_s"]] * 2, lw=0.5,
-                        color=dots.get_facecolor()[0])
+            span = r.get("measured_s_timings") or [t for t in (r["measured_s"], r.get("measured_s_repeat")) if t]
+            if len(span) > 1:
+                ax.plot([min(span), max(span)], [r["predicted_s"]] * 2, lw=0.5, color=dots.get_facecolor()[0])
     lo = min(min(r["measured_s"], r["predicted_s"]) for r, _ in pts)
     hi = max(max(r["measured_s"], r["predicted_s"]) for r, _ in pts)
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.6)
@@ -40,7 +41,7 @@ paper.save_figure(fig, "prediction_error", pe.iloc[-1:] if len(pe) else pe)
 # %%
 rows = [{"name": r["name"], "kind": "program" if r in progs else ("in-sample" if r.get("in_sample") else "held-out"),
          "predicted s": r.get("predicted_s"), "measured s": r.get("measured_s"), "error": r.get("error"),
-         "second timing s": r.get("measured_s_repeat")}
+         "first timing s": r.get("measured_s_first"), "second timing s": r.get("measured_s_repeat")}
         for r in ops + progs]
 med = {k: (last.get(f"extra.{k}") if last is not None else None)
        for k in ("median_error_ops_heldout", "median_error_ops_in_sample", "median_error_programs")}
