@@ -263,8 +263,6 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
     (that form), 'forms' {result dtype: figures, or {'error': ...} where XLA cannot compile it}}, findings: one line
     per dtype naming the slow form and how much slower it ran, and where a narrow dtype's ceiling falls below
     float32's)."""
-    import jax
-    import jax.numpy as jnp
 
     isa = bf16_isa(feat.get("flags", ()))
     mm: dict[str, Any] = {}
@@ -273,14 +271,10 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
     all_forms: dict[str, dict[str, dict]] = {}
     runs = []  # (dtype, result dtype, compiled, x, y)
     for dt, results in MATMUL_FORMS.items():
-        a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
-        x, y = random_inputs((a, a), seed=1)
-        x, y = jax.device_put(x, dev), jax.device_put(y, dev)
         all_forms[dt] = {}
         for rt in results:
-            f = jax.jit(lambda p, q, rt=jnp.dtype(rt): jax.lax.dot(p, q, preferred_element_type=rt))
             try:
-                runs.append((dt, rt, f.lower(x, y).compile(), x, y))
+                runs.append((dt, rt, *matmul_probe(n, dev, dt, rt)))
             except Exception as e:  # noqa: BLE001 - an unsupported form is a finding, not a failed calibration
                 all_forms[dt][rt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     # every (dtype, form) alternates in rounds, so a slow spell of the machine reaches every dtype and form alike
