@@ -46,6 +46,20 @@ def test_steps_are_timed_until_they_add_up_to_the_floor():
     assert measure_steps(step, warmup=1, repeats=3, min_total_s=10.0, max_repeats=6).repeats == 6
 
 
+def test_measure_times_until_the_batches_add_up_to_the_floor():
+    """measure takes at least `repeats` timings (each a batch of calls), then more until the batches add up to
+    min_total_s, never past max_repeats; without a floor, exactly `repeats`."""
+    def slow(x):
+        time.sleep(0.002)
+        return x
+
+    m = measure(slow, 1.0, warmup=1, repeats=3, min_batch_s=0.0, min_total_s=0.05, max_repeats=500)
+    assert m.calls_per_repeat == 1 and m.repeats == len(m.times_s) > 3
+    assert 0.05 <= sum(m.times_s) < 0.05 + 5 * max(m.times_s)
+    assert measure(slow, 1.0, warmup=1, repeats=3, min_batch_s=0.0).repeats == 3
+    assert measure(slow, 1.0, warmup=1, repeats=3, min_batch_s=0.0, min_total_s=10.0, max_repeats=6).repeats == 6
+
+
 def test_interleaved_rounds_time_every_program_once_per_round():
     calls = {"a": 0, "b": 0}
 

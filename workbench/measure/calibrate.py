@@ -3,7 +3,8 @@
 Measured (through the one harness, workbench.measure.harness; median and IQR over repeats):
 - matmul FLOP/s through XLA (square n³, random inputs) for float32, bfloat16, float16 and the fp8 formats, each
   narrow dtype with a float32 result (preferred_element_type) and a narrow one: the faster form is the ceiling, the
-  slower one a line in `findings`;
+  slower one a line in `findings`; and the rate against size (`matmul_curve` for float32, `matmul_curves` for
+  bfloat16), 128³–4096³ alternating in three rounds, each size timed for at least CURVE_MIN_S per round;
 - streaming memory bandwidth: y = a·x + b over buffers far larger than the last-level cache, counting bytes read +
   written, out of place (into a second buffer, as a fused kernel writes a new array; the in-place form, about twice
   as fast on this project's VMs, is kept apart as `stream_inplace`);
@@ -48,7 +49,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 21
+CALIBRATION_VERSION = 22
 
 
 def cache_dir() -> str:
@@ -317,6 +318,9 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
     return mm, findings
 
 
+CURVE_MIN_S = 0.3  # seconds each matmul-curve size is timed for, per round (full calibrations)
+
+
 def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     """Measure the host's ceilings (about 10–30 s; quick=True uses small sizes, for tests)."""
     import jax
@@ -359,12 +363,16 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     progs = {(dt, cn): matmul_probe(cn, dev, dt, bf16_form if dt == "bfloat16" else None) for dt, cn in keys}
     times: dict[tuple[str, int], list[float]] = {k: [] for k in keys}
     rounds = 3
+    # each size is timed for at least CURVE_MIN_S per round: the small sizes' points decide the dots of a model's step
+    # (a `small` step's dots sit between 512³ and 1024³), and nine 20 ms batches of a 512³ matmul put that point
+    # anywhere from 106 to 177 GFLOP/s across five calibrations of one Zen 4 VM whose 2048³ samples agreed within 7 %
+    min_s = 0.0 if quick else CURVE_MIN_S
     for r in range(rounds):
         for dt, cn in keys:
             _say(f"calibrate: {dt} matmul {cn}³ (rate against size, round {r + 1}/{rounds})", quiet)
             c, x, y = progs[(dt, cn)]
-            times[(dt, cn)] += measure(c, x, y, warmup=2 if r == 0 else 1,
-                                       repeats=math.ceil(reps / rounds)).times_s
+            times[(dt, cn)] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds),
+                                       min_total_s=min_s).times_s
     curves: dict[str, list[dict]] = {}
     for dt, cn in keys:
         m = summarize(times[(dt, cn)], warmup=2, calls=1, compile_s=None)

@@ -64,9 +64,13 @@ def _cache_size(fn) -> int | None:
 
 
 def measure(fn: Callable, *args, warmup: int = 2, repeats: int = 10, compile_s: float | None = None,
-            min_batch_s: float = 0.02, max_calls: int = 64) -> Measurement:
+            min_batch_s: float = 0.02, max_calls: int = 64, min_total_s: float = 0.0,
+            max_repeats: int = 1000) -> Measurement:
     """Time fn(*args). `fn` is a jax Compiled (cannot recompile) or a jitted function (guarded: a recompile after
-    warm-up raises RecompileError). Arguments are reused (no donation)."""
+    warm-up raises RecompileError). Arguments are reused (no donation). Each timing is a batch of calls lasting at
+    least `min_batch_s`; at least `repeats` timings are taken, and more (up to `max_repeats`) until they add up to
+    `min_total_s`: a 512³ matmul timed as nine 20 ms batches is 0.2 s of the machine, a sample one hiccup of a VM
+    can move by a third."""
     for _ in range(max(1, warmup)):
         _block(fn(*args))
     before = _cache_size(fn)
@@ -74,8 +78,8 @@ def measure(fn: Callable, *args, warmup: int = 2, repeats: int = 10, compile_s: 
     _block(fn(*args))
     single = time.perf_counter() - t0
     calls = 1 if single >= min_batch_s else int(min(max_calls, math.ceil(min_batch_s / max(single, 1e-7))))
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) * calls < min_total_s and len(times) < max(repeats, max_repeats)):
         t0 = time.perf_counter()
         out = None
         for _ in range(calls):
