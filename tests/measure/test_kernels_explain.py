@@ -10,7 +10,7 @@ from workbench.cost.hlo import parse_module
 from workbench.hardware.spec import HardwareSpec, Interconnect
 from workbench.measure.calibrate import KNOWN_PARTS, host_clock, peak_findings, physical_peaks
 from workbench.measure.explain import TERMS, waterfall
-from workbench.measure.kernels import KERNEL_CLASSES, KernelEvent, kernel_table, wall_shares
+from workbench.measure.kernels import KERNEL_CLASSES, KernelEvent, events_from_trace, kernel_table, wall_shares
 
 # a host double: fixed ceilings, so the join is tested without calibrating
 HOST = HardwareSpec(name="host", kind="cpu", vendor="test", peak_flops={"float32": 1e11, "bfloat16": 1e11},
@@ -43,6 +43,23 @@ def test_wall_shares_match_a_plain_loop():
         assert s == pytest.approx(r, abs=2e-3)
     assert sum(share) == pytest.approx(busy)
     assert all(s <= e.dur_s + 1e-12 for s, e in zip(share, events))
+
+
+def test_a_kernel_lasts_until_its_completion_mark():
+    """XLA:CPU records an asynchronous kernel's event around its launch and marks its completion with 'end: <name>'
+    later: each kernel event lasts until the first unmatched mark of its name at or after its start, in time order;
+    a mark inside the event (a synchronous kernel) or none leaves it as recorded."""
+    def ev(name, ts, dur):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "args": {"hlo_op": name, "device_ordinal": 0}}
+
+    def mark(name, ts):
+        return {"ph": "X", "name": f"end: {name}", "ts": ts, "dur": 1}
+
+    raw = [ev("copy.1", 100, 10), mark("copy.1", 400), ev("copy.1", 1000, 10), mark("copy.1", 1200),
+           ev("add.2", 500, 50), mark("add.2", 540), ev("dot.3", 600, 20), {"ph": "X", "name": "ThunkExecutor::Execute",
+                                                                             "ts": 0, "dur": 5000}]
+    got = {(e.name, round(e.start_s * 1e6)): round(e.dur_s * 1e6) for e in events_from_trace(raw)}
+    assert got == {("copy.1", 100): 300, ("copy.1", 1000): 200, ("add.2", 500): 50, ("dot.3", 600): 20}
 
 
 # ------------------------------------------------------------------------------------------ the join

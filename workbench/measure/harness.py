@@ -229,8 +229,9 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     'classes' (ms, calls, GFLOP by matmul / copy/transpose / dynamic-(update-)slice / broadcast / collective /
     elementwise/reduce; on simulated devices each device's kernels add up, and a collective includes the wait)
     and 'matmul_rate' (the dots' flops over their time). The thunk runtime may run independent kernels at once, so
-    the kernel times sum to about the step, not exactly; a dot that XLA:CPU hands to Eigen asynchronously shows only
-    its dispatch (flagged `async`: an achieved rate above 1.5x `ceiling_flops`).
+    the kernel times sum to about the step, not exactly. Each kernel lasts until its completion mark
+    (workbench.measure.kernels.events_from_trace); a dot whose achieved rate is still above 1.5x `ceiling_flops`
+    (a trace without the marks showed an asynchronous Eigen dot's dispatch only) is flagged `async`.
     """
     import collections
     import re
@@ -239,6 +240,7 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
 
     import jax
 
+    from workbench.measure.kernels import events_from_trace
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
@@ -252,17 +254,17 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
                 _block(step(i + 1))
         finally:
             jax.profiler.stop_trace()
-        events = _trace_events(logdir)
+        events = events_from_trace(_trace_events(logdir))  # each kernel until its completion mark
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     dur: dict[str, float] = collections.Counter()
     calls: dict[str, float] = collections.Counter()
     fastest: dict[str, float] = {}
     for e in events:
-        if e["name"] in instrs:
-            dur[e["name"]] += e.get("dur", 0) / 1e6 / steps
-            calls[e["name"]] += 1 / steps
-            fastest[e["name"]] = min(fastest.get(e["name"], math.inf), e.get("dur", 0) / 1e6)
+        if e.name in instrs:
+            dur[e.name] += e.dur_s / steps
+            calls[e.name] += 1 / steps
+            fastest[e.name] = min(fastest.get(e.name, math.inf), e.dur_s)
     rows = []
     for name, sec in dur.items():
         ins = instrs[name]
@@ -295,8 +297,8 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
             "classes": dict(sorted(classes.items(), key=lambda kv: -kv[1]["ms"])),
             "matmul_rate": sum(r["gflop"] for r in timed_dots) * 1e9 / (dot_ms / 1e3) if dot_ms else None,
             "async_dots": sum(1 for r in rows if r["async"]),
-            "note": "per-step kernel times from a jax.profiler trace; concurrent kernels overlap, async Eigen dots "
-                    "show only their dispatch"}
+            "note": "per-step kernel times from a jax.profiler trace, each kernel from its launch to its completion "
+                    "mark; concurrent kernels overlap"}
 
 
 def dot_floor(hlo_text: str, *, steps: int = 5, warmup: int = 5, ceiling_flops: float | None = None,
