@@ -15,6 +15,7 @@ import numpy as np
 
 from workbench.cost.hlo import COLLECTIVE_KINDS, HLO_TO_NUMPY, attr, parse_dots, parse_kernels, parse_module
 from workbench.errors import RecompileError
+from workbench.measure.kernels import events_from_trace
 
 WIDE_SPREAD = 0.25  # IQR / median above this flags the measurement as noisy
 
@@ -239,8 +240,6 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     import tempfile
 
     import jax
-
-    from workbench.measure.kernels import events_from_trace
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
