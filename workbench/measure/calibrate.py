@@ -322,7 +322,7 @@ CURVE_MIN_S = 0.3  # seconds each matmul-curve size is timed for, per round (ful
 
 
 def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
-    """Measure the host's ceilings (about 10–30 s; quick=True uses small sizes, for tests)."""
+    """Measure the host's ceilings (about a minute: 65 s on a 2-core Zen 4 VM; quick=True uses small sizes, for tests)."""
     import jax
     import jax.numpy as jnp
 
