@@ -178,7 +178,7 @@ def ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype=F32):
     return _ragged_f32(compute_dtype, x_rd, w_edf, group_sizes)
 
 
-def finish_dot(y, out_dtype, bias=None, epilogue=None):
+def finish_dot(y, out_dtype, bias=None, epilogue=None, compute_dtype=None):
     """A dot's epilogue: `y` (its float32 accumulator) plus `bias`, then `epilogue` (an elementwise function, e.g.
     GELU), all in float32, rounded once to `out_dtype`.
 
@@ -186,14 +186,26 @@ def finish_dot(y, out_dtype, bias=None, epilogue=None):
     seven ops) rounds to bf16 after every op, and on a CPU without bf16 vector arithmetic each rounding is a
     convert pair that XLA:CPU does not vectorize well (the `small` bf16 step's GELU fusions ran at 4-8 GB/s,
     docs/models.md). float32 epilogues are what the matrix units of TPUs and GPUs do too, and what PyTorch's bf16
-    kernels do per op (compute in float32, round the result)."""
-    if bias is not None or epilogue is not None:
-        y = y.astype(F32)
-        if bias is not None:
-            y = y + bias.astype(F32)
-        if epilogue is not None:
-            y = epilogue(y)
-    return y.astype(out_dtype)
+    kernels do per op (compute in float32, round the result).
+
+    With a narrow `compute_dtype`, that form is the CPU's. Lowered for an accelerator (jax.lax.platform_dependent,
+    so an ahead-of-time TPU compile from a CPU host takes it), the accumulator is rounded to the compute dtype
+    first and the epilogue runs in float32 on that. A remat policy that saves dot outputs (`minimal`, `dots`) then
+    saves them in the compute dtype, as MaxText's do. Saved in float32, the outputs of a `minimal` step
+    doubled: MaxText's 32B recipe on v5p-128 needed 137 GB of temporaries (96 GB per chip) and fits with bf16
+    outputs."""
+    def once(y):
+        if bias is not None or epilogue is not None:
+            y = y.astype(F32)
+            if bias is not None:
+                y = y + bias.astype(F32)
+            if epilogue is not None:
+                y = epilogue(y)
+        return y.astype(out_dtype)
+
+    if compute_dtype is None or np.dtype(compute_dtype) == np.float32:
+        return once(y)
+    return jax.lax.platform_dependent(y, cpu=once, default=lambda y: once(y.astype(compute_dtype)))
 
 
 class Einsum(nnx.Module):
@@ -210,7 +222,7 @@ class Einsum(nnx.Module):
 
     def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
         return finish_dot(einsum_f32(eq, x, w, self.compute_dtype), self.out_dtype if out_dtype is None else out_dtype,
-                          bias, epilogue)
+                          bias, epilogue, self.compute_dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -390,7 +390,7 @@ class Fp8Einsum(nnx.Module):
         else:
             gs, gh = jnp.ones((), F32), jnp.zeros((1,), F32)
         y = fp8_einsum(eq, self.spec, x, w, sx, sw, gs, gh)
-        return finish_dot(y, self.compute_dtype if out_dtype is None else out_dtype, bias, epilogue)
+        return finish_dot(y, self.compute_dtype if out_dtype is None else out_dtype, bias, epilogue, self.compute_dtype)
 
 
 class MxEinsum(nnx.Module):
@@ -403,7 +403,7 @@ class MxEinsum(nnx.Module):
 
     def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
         return finish_dot(mx_einsum(eq, self.spec, x, w), self.compute_dtype if out_dtype is None else out_dtype, bias,
-                          epilogue)
+                          epilogue, self.compute_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------

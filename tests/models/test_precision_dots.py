@@ -98,6 +98,32 @@ def test_epilogue_rounds_once():
     np.testing.assert_array_equal(finish_dot(acc, jnp.float32), acc)
 
 
+def test_accelerators_round_the_dot_before_its_epilogue():
+    """On a CPU the epilogue runs on the float32 accumulator (one rounding); lowered for an accelerator the dot's
+    output is rounded to the compute dtype first, so a remat policy that saves dot outputs saves them in the compute
+    dtype (MaxText's 32B recipe on v5p-128 needed 137 GB of temporaries with float32 dot outputs, and fits with
+    bf16 ones). The choice is made at lowering (jax.lax.platform_dependent): an ahead-of-time TPU compile from a CPU
+    host takes the accelerator form."""
+    e = Einsum(jnp.bfloat16)
+    x, w, b = jnp.ones((4, 8, 16)), jnp.ones((16, 32)), jnp.ones((32,))
+
+    def between_dot_and_tanh(platform):
+        text = jax.jit(lambda x, w, b: e("btd,df->btf", x, w, bias=b, epilogue=jnp.tanh)).trace(x, w, b).lower(
+            lowering_platforms=(platform,)).as_text()
+        lines = text.splitlines()
+        i = next(n for n, ln in enumerate(lines) if "stablehlo.dot_general" in ln)
+        j = next(n for n, ln in enumerate(lines) if "stablehlo.tanh" in ln)
+        return [ln for ln in lines[i:j] if "stablehlo.convert" in ln and "bf16>" in ln.split("->")[-1]]
+
+    assert between_dot_and_tanh("cpu") == []
+    assert len(between_dot_and_tanh("tpu")) == 1
+    # float32 compute: nothing to round
+    f = Einsum(jnp.float32)
+    text = jax.jit(lambda x, w: f("btd,df->btf", x, w, epilogue=jnp.tanh)).trace(x, w).lower(
+        lowering_platforms=("tpu",)).as_text()
+    assert "bf16" not in text
+
+
 def test_custom_vjp_gradients_inside_shard_map():
     """Inside shard_map the weight is the same on every shard of the batch axis, its per-shard gradients differ: the
     custom VJP sums them over that axis (what JAX's own transpose of the implicit pvary does), so the gradient
