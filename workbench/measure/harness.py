@@ -15,7 +15,7 @@ import numpy as np
 
 from workbench.cost.hlo import COLLECTIVE_KINDS, HLO_TO_NUMPY, attr, parse_dots, parse_kernels, parse_module
 from workbench.errors import RecompileError
-from workbench.measure.kernels import events_from_trace
+from workbench.measure.kernels import trace_kernels
 
 WIDE_SPREAD = 0.25  # IQR / median above this flags the measurement as noisy
 
@@ -179,18 +179,6 @@ def random_inputs(abstract_args, seed: int = 0):
 
 
 # ------------------------------------------------------------------------------------------ per-kernel profile
-def _trace_events(logdir: str) -> list[dict]:
-    import glob
-    import gzip
-    import json
-
-    files = sorted(glob.glob(f"{logdir}/plugins/profile/*/*.trace.json.gz"))
-    if not files:
-        return []
-    with gzip.open(files[-1]) as f:
-        return [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
-
-
 def _kernel_class(name: str, dot: bool) -> str:
     if dot:
         return "matmul"
@@ -231,31 +219,16 @@ def profile_kernels(step: Callable[[int], Any], hlo_text: str, *, steps: int = 2
     elementwise/reduce; on simulated devices each device's kernels add up, and a collective includes the wait)
     and 'matmul_rate' (the dots' flops over their time). The thunk runtime may run independent kernels at once, so
     the kernel times sum to about the step, not exactly. Each kernel lasts until its completion mark
-    (workbench.measure.kernels.events_from_trace); a dot whose achieved rate is still above 1.5x `ceiling_flops`
+    (traced by workbench.measure.kernels.trace_kernels); a dot whose achieved rate is still above 1.5x `ceiling_flops`
     (a trace without the marks showed an asynchronous Eigen dot's dispatch only) is flagged `async`.
     """
     import collections
     import re
-    import shutil
-    import tempfile
-
-    import jax
 
     mod = parse_module(hlo_text)
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
     instrs = {i.name: i for body in mod.computations.values() for i in body}
-    logdir = tempfile.mkdtemp(prefix="workbench-trace-")
-    try:
-        _block(step(0))  # warm
-        jax.profiler.start_trace(logdir)
-        try:
-            for i in range(steps):
-                _block(step(i + 1))
-        finally:
-            jax.profiler.stop_trace()
-        events = events_from_trace(_trace_events(logdir))  # each kernel until its completion mark
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+    events = trace_kernels(step, steps=steps, warmup=1).events  # each kernel until its completion mark
     dur: dict[str, float] = collections.Counter()
     calls: dict[str, float] = collections.Counter()
     fastest: dict[str, float] = {}
