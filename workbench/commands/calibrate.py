@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import typer
 
+from workbench.commands.options import platform_option
 from workbench.hardware.devices import request_devices
 from workbench.measure.calibrate import load_or_calibrate, write_allocates
 from workbench.results.console import emit_json
@@ -12,11 +13,19 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(force: bool = typer.Option(False, "--force", help="re-measure even if cached"),
                       quick: bool = typer.Option(False, "--quick", help="small sizes (seconds; for tests)"),
+                      platform: str = platform_option(),
                       json_out: bool = typer.Option(False, "--json")):
-        """Measure XLA's matmul FLOP/s (float32, bfloat16, float16, fp8; each in its fastest result form), streaming
-        bandwidth and special-function throughput on this host, beside the physical peaks derived from its CPU
-        features. Cached per host fingerprint."""
-        request_devices(None)
+        """Measure the ceilings of the devices programs run on. On a CPU host: XLA's matmul FLOP/s (float32, bfloat16,
+        float16, fp8; each in its fastest result form), streaming bandwidth and special-function throughput, beside
+        the physical peaks derived from its CPU features (cached per host fingerprint). On a GPU or TPU: matmul per
+        dtype and against size, the device stream and the kernel launch cost (cached per device kind, driver and
+        jax version)."""
+        request_devices(None, platform)
+        import jax
+
+        if jax.devices()[0].platform != "cpu":  # an accelerator: its own ceilings, never the host's
+            _device(force, quick, json_out)
+            return
         cal = load_or_calibrate(force=force, quick=quick)
         if json_out:
             emit_json(cal)
@@ -71,3 +80,28 @@ def register(app: typer.Typer) -> None:
                 print(f"  physical {k}: {v}")
         for f in cal.get("findings", []):
             print(f"  finding: {f}")
+
+
+def _device(force: bool, quick: bool, json_out: bool) -> None:
+    from workbench.measure.device import load_or_calibrate_device
+
+    cal = load_or_calibrate_device(force=force, quick=quick)
+    if json_out:
+        emit_json(cal)
+        return
+    k = cal["key"]
+    print(f"device: {k['device_kind']} x {k['device_count']} ({k['platform']}, {k.get('platform_version') or '-'}), "
+          f"jax {k['jax']}, calibrated {cal['time']}" + (" [cached]" if cal.get("cached") else ""))
+    vs = cal.get("vs_catalogue") or {}
+    for dt, v in cal["matmul"].items():
+        share = f"  ({vs[dt]:.0%} of {cal['catalogue_chip']}'s catalogue peak)" if dt in vs else ""
+        print(f"  matmul {dt:14s} {v['flops_per_s'] / 1e12:8.1f} TFLOP/s at {v['n']}³, {v['result_dtype']} result{share}")
+    print("  bfloat16 by size   " + ", ".join(f"{int(n)}³ {r / 1e12:.0f}" for n, r in cal["matmul_curve_bfloat16"])
+          + " TFLOP/s")
+    s = cal["stream"]
+    share = f"  ({vs['stream']:.0%} of the catalogue's HBM bandwidth)" if "stream" in vs else ""
+    print(f"  device stream      {s['bytes_per_s'] / 1e12:8.2f} TB/s over {s['bytes'] / 2**30:.1f} GiB, read + write{share}")
+    print(f"  kernel launch      {cal['kernel_launch']['per_kernel_s'] * 1e6:8.2f} µs per kernel in a program")
+    for f in cal.get("findings", []):
+        print(f"  finding: {f}")
+    print(f"  ({cal['wall_s']:.0f} s)")

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from workbench.commands.options import platform_option
 from workbench.errors import WorkbenchError, positive_int
 from workbench.hardware.devices import request_devices
 from workbench.results.console import emit_json, print_table, say
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(5, help="timed repeats per variant (host)"),
         profile_steps: int = typer.Option(2, help="traced runs per variant for per-kernel times (host; 0: none)"),
         chart: bool = typer.Option(True, help="write the chart under reports/"),
+        platform: str = platform_option(),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """What XLA fused in a program, what each kernel costs, and what fusing saved, under fusion variants."""
@@ -65,7 +67,7 @@ def register(app: typer.Typer) -> None:
         barriers = tuple(b for b in (barrier_after or "").split(",") if b) if barrier_after is not None else ()
         if barrier_after is not None and not barriers:
             raise WorkbenchError("--barrier-after is empty; give jax primitive names, e.g. --barrier-after mul,exp")
-        request_devices(None)
+        request_devices(None, platform)
         if op is not None:
             sizes = dict(m=m, n=n, k=k, rows=rows, cols=cols, batch=batch, heads=heads, seq=seq, head_dim=head_dim)
             prog = fx.op_program(op, dtype, target=target, **sizes)

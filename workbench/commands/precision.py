@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from workbench.commands.options import platform_option
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import request_devices
 from workbench.results.console import emit_json, print_table
@@ -21,6 +22,7 @@ def register(app: typer.Typer) -> None:
 
     @prec.command("error")
     def error_cmd(
+        platform: str = platform_option(),
         json_out: bool = typer.Option(False, "--json", help="JSON rows (one per policy) on stdout"),
         policies: Optional[str] = typer.Option(None, "--policies", help="comma list (default: all)"),
         inputs: str = typer.Option("normal", "--inputs", help="normal | outliers | outlier_damage | all"),
@@ -32,7 +34,7 @@ def register(app: typer.Typer) -> None:
         """Relative error of each policy's matmul against a float64 reference (study a, quick)."""
         from workbench.programs import precision as program
 
-        request_devices(None)
+        request_devices(None, platform)
         kinds = list(program.INPUTS) if inputs == "all" else [inputs]
         for kd in kinds:
             if kd not in program.INPUTS:

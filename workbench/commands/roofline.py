@@ -5,6 +5,7 @@ from typing import Optional
 
 import typer
 
+from workbench.commands.options import platform_option
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import request_devices
 from workbench.hardware.spec import resolve_name
@@ -28,6 +29,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
         target: Optional[str] = typer.Option(None, help="catalogue chip to predict for (no run); default: this host"),
         repeats: int = typer.Option(10, help="timed repeats"),
+        platform: str = platform_option(),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Compile a built-in op; predict it on the host (and measure it) or on a catalogue chip."""
@@ -40,7 +42,7 @@ def register(app: typer.Typer) -> None:
             sizes["n"] = n
         o = build(op, dtype, **sizes)
         tgt = resolve_name(target) if target else None
-        request_devices(None)
+        request_devices(None, platform)
         rec = run_program(o.fn, o.args, kind="roofline-op", target=tgt, run=tgt in (None, "host"),
                           repeats=repeats, spec={"op": op, "sizes": o.sizes, "dtype": o.dtype,
                                                  "description": o.description},

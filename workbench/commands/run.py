@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from models.presets import get_config
+from workbench.commands.options import platform_option
 from workbench.errors import WorkbenchError, finite_number, positive_int
 from workbench.results.console import emit_json, print_table
 from workbench.results.store import Store, make_record
@@ -46,7 +47,12 @@ def register(app: typer.Typer) -> None:
         strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep | pp | pp+fsdp | "
                                      "pp+tp | pp+fsdp+tp (pipeline over the `stage` mesh axis: docs/pipeline.md)"),
         mesh: Optional[str] = typer.Option(None, "--mesh", help="mesh spec, e.g. data=2,model=4 (default: data=N)"),
-        devices: Optional[int] = typer.Option(None, "--devices", help="simulate N CPU devices (set before JAX starts)"),
+        devices: Optional[int] = typer.Option(None, "--devices", help="simulate N CPU devices (set before JAX starts; "
+                                              "implies --platform cpu)"),
+        platform: str = platform_option(),
+        hardware: Optional[str] = typer.Option(None, "--hardware", help="price the run (MFU, prediction) as this "
+                                               "catalogue chip; default: the device's own kind, or the calibrated "
+                                               "host on a CPU"),
         steps: int = typer.Option(20, "--steps", help="training steps"),
         precision: Optional[str] = typer.Option(None, "--precision",
                                                 help="float32 | bf16 | ... (default: float32 on CPU, bf16 on "
@@ -119,7 +125,7 @@ def register(app: typer.Typer) -> None:
                 sys.exit(rc)  # process 0 failed and said why
             return
         group = dist.join(devices, coordinator=coordinator, num_processes=num_processes, process_id=process_id,
-                          distributed=distributed)  # before anything touches jax devices
+                          distributed=distributed, platform=platform)  # before anything touches jax devices
         n = group.global_devices
 
         from partitioning.mesh import make_mesh
@@ -131,7 +137,7 @@ def register(app: typer.Typer) -> None:
                              seed=seed, eval_every=eval_every, seq_len=seq, microbatches=microbatches, learning_rate=lr,
                              progress=group.primary, profile_steps=2 if profile else 0, checkpoint=ckpt,
                              explain=explain, pipeline_repeats=pipeline_repeats,
-                             pipeline_schedule=pipeline_schedule)
+                             pipeline_schedule=pipeline_schedule, hardware=hardware or "auto")
         if not group.primary:  # process 0 prints and records
             return
         r = result.to_record()
@@ -147,8 +153,10 @@ def register(app: typer.Typer) -> None:
         summary = {k: r[k] for k in SUMMARY_KEYS + DISTRIBUTED_KEYS}
         if r.get("pipeline"):
             summary["pipeline"] = r["pipeline"]
-        summary.update(preset=preset, record_id=rec["id"],
+        summary.update(preset=preset, record_id=rec["id"], platform=rec["provenance"]["platform"],
+                       device_kind=rec["provenance"]["device_kind"],
                        predicted_step_s=(r["prediction"] or {}).get("predicted_s"),
+                       predicted_step_s_calibrated=(r.get("prediction_calibrated") or {}).get("predicted_s"),
                        bound=(r["prediction"] or {}).get("bound"),
                        flops_per_device=r["cost"]["flops"], bytes_per_device=r["cost"]["bytes_accessed"],
                        peak_memory_per_device=r["cost"]["memory"]["peak_bytes"])

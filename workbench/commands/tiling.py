@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from workbench.commands.options import platform_option
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import request_devices
 from workbench.results.console import emit_json, print_table
@@ -66,6 +67,7 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(5, help="timed repeats per point (host only)"),
         plot: Optional[str] = typer.Option(None, help="PNG path (default reports/tiling-sweep-<time>.png)"),
         no_plot: bool = typer.Option(False, "--no-plot", help="no figure"),
+        platform: str = platform_option(),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Compile the dot across a range of k and plot predicted (and on the host measured) time and throughput."""
@@ -73,7 +75,7 @@ def register(app: typer.Typer) -> None:
 
         if repeats < 1:
             raise WorkbenchError(f"--repeats must be >= 1, got {repeats}")
-        request_devices(None)
+        request_devices(None, platform)
         path = None if no_plot else (plot or f"reports/tiling-sweep-{time.strftime('%Y%m%d-%H%M%S')}.png")
         r = sweep(target, m, n, k_from, k_to, step, dtype=dtype, repeats=repeats, plot=path)
         rec = r.to_record()
@@ -102,12 +104,13 @@ def register(app: typer.Typer) -> None:
         step_overhead_us: float = typer.Option(0.0, "--step-overhead-us",
                                                help="fixed cost per grid step in the model (not modelled: 0)"),
         show: int = typer.Option(15, help="rows to print (JSON has all)"),
+        platform: str = platform_option(),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Enumerate Pallas block shapes that fit on chip, predict each from its tile roofline, compile the best."""
         from workbench.programs.tiling import search
 
-        request_devices(None)
+        request_devices(None, platform)
         r = search(kernel, m, n, k, target, dtype=dtype, top=compile_top, step_overhead_s=step_overhead_us * 1e-6)
         rec = r.to_record()
         Store().append(make_record("tiling-search", {"kernel": kernel, "target": r.target, "m": m, "n": n, "k": k,

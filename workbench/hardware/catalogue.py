@@ -23,6 +23,11 @@ Conventions (they matter for every consumer):
     print bidirectional per-chip totals; the notes show the division.
   * host_link_bw is the host (PCIe) link, bytes/s one way. scale_out_bw is the per-chip one-way share of the
     scale-out network (InfiniBand/RoCE NIC per GPU; DCN per TPU chip).
+  * aliases hold, besides short names, the device kind JAX reports for the chip (`jax.devices()[0].device_kind`),
+    matched case-insensitively: this is the one map from a running device to its entry. TPU kinds as
+    jax/_src/tpu_info.py matches them ("TPU v4", "TPU v5 lite", "TPU v5", "TPU v6 lite", "TPU7x"); NVIDIA and AMD
+    kinds are the driver's device name as `nvidia-smi --query-gpu=name` / rocm-smi print it ("NVIDIA H200" as
+    seen on an H200 SXM). A PCIe or NVL part (e.g. "NVIDIA H100 PCIe") is another chip and matches no entry.
 """
 from __future__ import annotations
 
@@ -83,7 +88,7 @@ def _t(value, source, note="", date=READ):
 CHIPS = {
     # ------------------------------------------------------------------ Google TPUs
     "tpu-v4": {
-        "vendor": "Google", "kind": "tpu", "aliases": ["v4", "tpuv4", "v4p", "tpu-v4p"],
+        "vendor": "Google", "kind": "tpu", "aliases": ["v4", "tpuv4", "v4p", "tpu-v4p", "TPU v4"],
         "tpu_generation": "v4",
         "peak_flops": {
             "bfloat16": _t(2.75e14, CLOUD_TPU_V4, "'Peak compute per chip: 275 teraflops (bf16 or int8)'."),
@@ -115,7 +120,8 @@ CHIPS = {
         "transcendentals_per_s": _t(None, SCALING_TPUS, "Not published for any TPU."),
     },
     "tpu-v5e": {
-        "vendor": "Google", "kind": "tpu", "aliases": ["v5e", "v5litepod", "v5lite", "tpu-v5-lite", "tpu-v5litepod"],
+        "vendor": "Google", "kind": "tpu", "aliases": ["v5e", "v5litepod", "v5lite", "tpu-v5-lite", "tpu-v5litepod",
+                                             "TPU v5 lite", "TPU v5e"],
         "tpu_generation": "v5e",
         "peak_flops": {
             "bfloat16": _t(1.97e14, CLOUD_TPU_V5E, "'Peak compute per chip (bf16): 197 TFLOPs'."),
@@ -146,7 +152,7 @@ CHIPS = {
         "transcendentals_per_s": _t(None, SCALING_TPUS, "Not published for any TPU."),
     },
     "tpu-v5p": {
-        "vendor": "Google", "kind": "tpu", "aliases": ["v5p", "tpu-v5"], "tpu_generation": "v5p",
+        "vendor": "Google", "kind": "tpu", "aliases": ["v5p", "tpu-v5", "TPU v5", "TPU v5p"], "tpu_generation": "v5p",
         "peak_flops": {
             "bfloat16": _t(4.59e14, CLOUD_TPU_V5P, "'Peak compute per chip (BF16): 459 TFLOPs'."),
             "int8": _t(9.18e14, SCALING_TPUS, "Scaling book table: int8 9.18e14 (2x bf16); the current Cloud page "
@@ -178,7 +184,7 @@ CHIPS = {
         "transcendentals_per_s": _t(None, SCALING_TPUS, "Not published for any TPU."),
     },
     "tpu-v6e": {
-        "vendor": "Google", "kind": "tpu", "aliases": ["v6e", "trillium", "tpu-trillium", "v6"],
+        "vendor": "Google", "kind": "tpu", "aliases": ["v6e", "trillium", "tpu-trillium", "v6", "TPU v6 lite", "TPU v6e"],
         "tpu_generation": "v6e",
         "peak_flops": {
             "bfloat16": _t(9.18e14, CLOUD_TPU_V6E, "'Peak compute per chip (bf16): 918 TFLOPs'. Scaling book: "
@@ -205,7 +211,7 @@ CHIPS = {
     },
     # ------------------------------------------------------------------ NVIDIA
     "a100-80gb": {
-        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["a100", "a100-sxm", "a100-sxm4-80gb", "a100-80gb-sxm"],
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["a100", "a100-sxm", "a100-sxm4-80gb", "a100-80gb-sxm", "NVIDIA A100-SXM4-80GB"],
         "peak_flops": {
             "float32": _t(1.95e13, NV_A100, NO_STORED_NV + "FP32 19.5 TFLOPS (CUDA cores, FMA = 2 FLOPs)."),
             "tf32": _t(1.56e14, NV_A100, NO_STORED_NV + "TF32 Tensor Core 156 TFLOPS dense (312 with sparsity)."),
@@ -238,7 +244,7 @@ CHIPS = {
                                     "= 2.44e12 results/s."),
     },
     "h100-sxm": {
-        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["h100", "h100-sxm5", "h100-80gb", "h100-sxm5-80gb"],
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["h100", "h100-sxm5", "h100-80gb", "h100-sxm5-80gb", "NVIDIA H100 80GB HBM3"],
         "peak_flops": {
             "float32": _t(6.7e13, NV_H100, NO_STORED_NV + "H100 SXM FP32 67 TFLOPS (CUDA cores)."),
             "tf32": _t(4.945e14, NV_H100, NO_STORED_NV + "TF32 Tensor Core 989 TFLOPS with sparsity -> 494.5 dense."),
@@ -273,7 +279,7 @@ CHIPS = {
                                     "with 67 TFLOPS = 2 x 128 x 132 x 1.98e9) = 4.18e12 results/s."),
     },
     "h200": {
-        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["h200-sxm", "h200-141gb", "h200-sxm-141gb"],
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["h200-sxm", "h200-141gb", "h200-sxm-141gb", "NVIDIA H200"],
         "peak_flops": {
             "float32": _t(6.7e13, NV_H200, NO_STORED_NV + "H200 SXM FP32 67 TFLOPS (same GH100 die as H100)."),
             "tf32": _t(4.945e14, NV_H200, NO_STORED_NV + "TF32 989 TFLOPS sparse -> 494.5 dense."),
@@ -303,7 +309,7 @@ CHIPS = {
                                     SFU_NOTE + "x 132 SMs x 1.98 GHz (as H100) = 4.18e12 results/s."),
     },
     "b200": {
-        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["b200-sxm", "hgx-b200", "dgx-b200", "blackwell"],
+        "vendor": "NVIDIA", "kind": "gpu", "aliases": ["b200-sxm", "hgx-b200", "dgx-b200", "blackwell", "NVIDIA B200"],
         "peak_flops": {
             "float32": _t(7.5e13, NV_HGX, NO_STORED_NV + "HGX B200 per-GPU table: FP32 75 TFLOPS (GB200 variant: 80; "
                           "the scaling book quotes 80 from the Blackwell architecture page)."),
@@ -346,7 +352,7 @@ CHIPS = {
     },
     # ------------------------------------------------------------------ AMD
     "mi300x": {
-        "vendor": "AMD", "kind": "gpu", "aliases": ["mi300", "instinct-mi300x", "amd-mi300x"],
+        "vendor": "AMD", "kind": "gpu", "aliases": ["mi300", "instinct-mi300x", "amd-mi300x", "AMD Instinct MI300X"],
         "peak_flops": {
             "float32": _t(1.634e14, AMD_MI300X, NO_STORED_AMD + "Peak FP32 vector 163.4 TFLOPs (matrix FP32 also "
                           "163.4). AMD also lists a TF32 matrix rate; no stored copy confirmed its value, so 'tf32' "
@@ -418,7 +424,7 @@ TPU7X_CORES_NOTE = ("Per chip. A TPU7x chip is two chiplets, each one TensorCore
 
 CHIPS.update({
     "tpu-v7x": {
-        "vendor": "Google", "kind": "tpu", "aliases": ["v7x", "tpu7x", "7x", "ironwood", "tpu-ironwood", "tpu-v7"],
+        "vendor": "Google", "kind": "tpu", "aliases": ["v7x", "tpu7x", "7x", "ironwood", "tpu-ironwood", "tpu-v7", "TPU7x"],
         "tpu_generation": "v7x",
         "cores_per_chip": _t(2, CLOUD_TPU_7X, "'Each TPU7x chip contains two TensorCores and four SparseCores'; "
                              "table: 'Number of TensorCores per chip: 2'.", READ_2026_12),
@@ -570,7 +576,7 @@ CHIPS.update({
     },
     # ------------------------------------------------------------------ AMD CDNA4
     "mi355x": {
-        "vendor": "AMD", "kind": "gpu", "aliases": ["mi355", "instinct-mi355x", "amd-mi355x"],
+        "vendor": "AMD", "kind": "gpu", "aliases": ["mi355", "instinct-mi355x", "amd-mi355x", "AMD Instinct MI355X"],
         "peak_flops": {
             "float32": _t(1.573e14, AMD_MI355X, NO_STORED_AMD_355 + "Peak FP32 vector 157.3 TFLOPs (dense).",
                           READ_2026_12),

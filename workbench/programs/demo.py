@@ -10,7 +10,7 @@ import json
 import os
 import statistics
 
-from workbench.measure.calibrate import get_spec
+from workbench.measure.device import local_spec
 from workbench.programs.experiment import run_program, summary
 from workbench.programs.ops import build
 from workbench.results.console import print_table
@@ -54,7 +54,7 @@ def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, 
 
 def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
 
-    spec = get_spec("host")
+    spec = local_spec()
     rows = run_suite(TINY_SUITE if tiny else SUITE, repeats=5 if tiny else 10)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join("reports", f"demo-{stamp}")

@@ -21,10 +21,20 @@ what its host has.
 
 Failure: the coordinator waits `INIT_TIMEOUT_S` for every process to join, and the coordination service declares a
 process dead after `HEARTBEAT_S` without a heartbeat, which ends the others (environment variables
-WORKBENCH_INIT_TIMEOUT_S and WORKBENCH_HEARTBEAT_S override both; JAX's own defaults are 300 s and 100 s).
+WORKBENCH_INIT_TIMEOUT_S and WORKBENCH_HEARTBEAT_S override both; JAX's own defaults are 300 s and 100 s). A process
+that fails with an error leaves at once, without jax.distributed's shutdown barrier (`_leave_at_once_on_error`): its
+peers are then usually blocked in a collective that waits for it, so the barrier would hold it for JAX's
+shutdown timeout (300 s) before aborting; leaving at once lets the launcher (or the heartbeat) stop the others.
+
+The calibrated host: a simulated run's MFU ceiling is the host calibration (workbench.measure.calibrate, cached per
+host). Where it is missing, it is measured once per host before the group forms (`calibrate_host_once`: one process
+takes a lock in the cache directory and runs `workbench calibrate` in a fresh process, the others wait for it and
+read the cached file), not by every process after training: a process other than 0 would measure a device it does
+not own (jax.devices()[0] is process 0's), and every process of the host would measure while the others do.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import signal
@@ -36,7 +46,7 @@ import time
 import zlib
 
 from workbench.errors import WorkbenchError
-from workbench.hardware.devices import default_platform, request_devices
+from workbench.hardware.devices import request_devices, select_platform
 
 INIT_TIMEOUT_S = 120
 HEARTBEAT_S = 20
@@ -234,11 +244,14 @@ def _timeouts() -> tuple[int, int]:
 
 
 def join(devices: int | None = None, *, coordinator: str | None = None, num_processes: int | None = None,
-         process_id: int | None = None, distributed: bool = False) -> ProcessGroup:
+         process_id: int | None = None, distributed: bool = False, platform: str | None = "auto",
+         host_ceiling: bool = True) -> ProcessGroup:
     """Join the process group (or stay a single process), fix the local device count, start JAX.
 
     Call before anything touches JAX devices. `devices` is the global simulated CPU device count (None: what the
-    host has); each of N processes owns devices / N.
+    host has); each of N processes owns devices / N. host_ceiling: a group of several processes on simulated CPU
+    devices makes sure the host calibration (its MFU ceiling) is cached before it forms (calibrate_host_once);
+    False where the run does not price against the host (a catalogue chip's `--hardware`).
     """
     import jax
 
@@ -249,10 +262,10 @@ def join(devices: int | None = None, *, coordinator: str | None = None, num_proc
         origin = f"cluster:{cluster_env() or 'auto'}"
         num_processes = _env_processes()
     if origin == "single":
-        n = request_devices(devices)
+        n = request_devices(devices, platform)
         return ProcessGroup(1, 0, jax.local_device_count(), n, None, origin)
 
-    default_platform()
+    chosen = select_platform(platform, simulated_devices=devices)
     per = None
     if devices is not None:
         if num_processes is None:
@@ -269,6 +282,8 @@ def join(devices: int | None = None, *, coordinator: str | None = None, num_proc
             pass
         if per is not None:
             jax.config.update("jax_num_cpu_devices", per)
+    if chosen == "cpu" and host_ceiling:
+        calibrate_host_once()  # before the group forms: no process of it waits in a collective meanwhile
     _native_stdout_to_stderr()
     init_s, beat_s = _timeouts()
     try:
@@ -279,10 +294,94 @@ def join(devices: int | None = None, *, coordinator: str | None = None, num_proc
         raise WorkbenchError(f"could not join the process group at {coordinator or 'the cluster coordinator'} "
                              f"within {init_s} s ({msg}); start every process with the same --coordinator and "
                              "--num-processes, each with its own --process-id") from None
+    _leave_at_once_on_error()
     if per is not None:
         request_devices(per)
     return ProcessGroup(jax.process_count(), jax.process_index(), jax.local_device_count(), jax.device_count(),
                         coordinator, origin)
+
+
+def calibrate_host_once() -> None:
+    """Make sure this host's calibration is cached, measuring it at most once however many processes of a group
+    run here; call before jax.distributed.initialize (JAX's backends not started).
+
+    Left to train_model, every process would find the cache missing after training and calibrate at once: each
+    measuring while the others do, and every process but 0 measuring jax.devices()[0], a device of process 0 that
+    it cannot address (its probes run nothing here: 'the host is too noisy to calibrate'). The process that then
+    failed waited in jax.distributed's shutdown barrier while process 0 waited for it in the next collective, and
+    the group stalled for JAX's 300 s shutdown timeout. Here one process takes an exclusive lock in the cache
+    directory and runs `workbench calibrate` in a fresh process (this host's devices, nothing else running in it);
+    the others block on the lock and then find the cached file. A failed calibration is a WorkbenchError (with the
+    calibration's own reason) before this process joined: the launcher then stops the others at once."""
+    from workbench.measure import calibrate as cal
+
+    def cached() -> bool:
+        try:
+            cal.load_or_calibrate(run_if_missing=False)  # reads the cache; starts no JAX backend
+            return True
+        except (WorkbenchError, OSError, ValueError, KeyError):
+            return False
+
+    if cached():
+        return
+    os.makedirs(cal.cache_dir(), exist_ok=True)
+    with open(os.path.join(cal.cache_dir(), "calibrate.lock"), "a") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the other processes of this host wait here (released on exit too)
+        except (ImportError, OSError):
+            pass
+        if cached():  # another process of the group measured it while this one waited
+            return
+        print("workbench: this host has no calibration yet: measuring it once for the process group "
+              "(`workbench calibrate`; the other processes wait for it)", file=sys.stderr, flush=True)
+        p = subprocess.Popen([sys.executable, "-m", "workbench", "calibrate", "--platform", "cpu"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+        error = ""
+        for line in p.stderr:  # its progress, shown as it comes (this process's stderr: process 0's or a log)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.startswith("workbench: error:"):
+                error = line[len("workbench: error:"):].strip()
+        rc = p.wait()
+    if rc != 0 or not cached():
+        raise WorkbenchError(f"calibrating this host for the process group failed ({error or _describe_exit(rc)}); "
+                             "run `workbench calibrate` once, then start the group again")
+
+
+def _leave_at_once_on_error() -> None:
+    """A process of a group that exits with an error (non-zero sys.exit, an uncaught exception) leaves without
+    jax.distributed's shutdown barrier. Its peers are then usually blocked in a collective waiting for it and never
+    reach that barrier, so the failed process would wait there JAX's whole shutdown timeout (300 s) and the group
+    would stall that long before aborting. Leaving at once (os._exit with the same status, stdout and stderr
+    flushed) lets the launcher see the failure and stop the others (FAIL_GRACE_S), or the coordination service miss
+    the heartbeats (HEARTBEAT_S). A successful exit keeps the barrier: process 0 hosts the coordination service
+    and must outlive the others. Registered after jax's own atexit clean-up, so it runs before it."""
+    status: dict = {}
+    real_exit, real_hook = sys.exit, sys.excepthook
+
+    def exit_noting_status(code=0):
+        status["code"] = code
+        real_exit(code)
+
+    def hook_noting_error(*exc_info):
+        status["code"] = 1
+        real_hook(*exc_info)
+
+    def leave():
+        code = status.get("code")
+        if code is None or code == 0:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code if isinstance(code, int) else 1)
+
+    sys.exit, sys.excepthook = exit_noting_status, hook_noting_error
+    atexit.register(leave)
 
 
 def _native_stdout_to_stderr() -> None:

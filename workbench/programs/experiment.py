@@ -4,10 +4,14 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import jax
+
 from workbench.cost.compile import compile_program
+from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import check_fits
 from workbench.hardware.spec import HardwareSpec
 from workbench.measure.calibrate import get_spec
+from workbench.measure.device import local_spec
 from workbench.measure.harness import measure, random_inputs
 from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import predict
@@ -18,7 +22,8 @@ FIX = "use smaller sizes, or --target CHIP to predict without running"
 def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None,
                 run: bool = True, repeats: int = 10, warmup: int = 2, seed: int = 0, store=None,
                 extra: dict | None = None, compute_dtype: str | None = None, also_predict=()) -> dict:
-    """Compile fn for abstract `args`; predict on `target` (a name or HardwareSpec; default: the calibrated host);
+    """Compile fn for abstract `args`; predict on `target` (a name or HardwareSpec; default: where it runs, the
+    calibrated host or the accelerator's catalogue chip: workbench.measure.device.local_spec);
     when run=True and the devices are local (the host, or a GPU/TPU host running this), measure on random inputs;
     predictions for `also_predict` specs go into extra; append the record to the store and return it."""
 
@@ -31,7 +36,9 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None
     cost = comp.cost
     if local and run and not isinstance(target, HardwareSpec):
         check_fits(cost.peak_memory_bytes, spec.get("op", "program"), FIX)
-    hw = target if isinstance(target, HardwareSpec) else get_spec(target or "host")
+    hw = target if isinstance(target, HardwareSpec) else (get_spec(target) if target else local_spec())
+    if hw is None:  # an accelerator the catalogue does not know (warned): pass --target CHIP to price it
+        raise WorkbenchError(f"no spec to price this program on {jax.devices()[0].device_kind!r}; pass --target CHIP")
     pred = predict(cost, hw)
     extra = dict(extra or {})
     for other in also_predict:

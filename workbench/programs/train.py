@@ -42,6 +42,7 @@ from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
 from workbench.measure.calibrate import get_spec
+from workbench.measure.device import calibrated_spec, chip_for, load_or_calibrate_device
 from workbench.measure.explain import explain_step
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
 from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, CheckpointStats, fault_point, step_overhead
@@ -381,6 +382,8 @@ class TrainResult:
     waterfall: dict | None = None  # run --explain: workbench.measure.explain.Waterfall.to_record()
     kernel_classes: dict | None = None  # run --explain: the per-kernel join (KernelTable.to_record(top=15))
     pipeline: dict | None = None  # pp strategies: schedule, analytic bubble, its predicted seconds (bubble_terms)
+    # accelerators: the prediction against this device's own calibration (workbench calibrate), where one is cached
+    prediction_calibrated: Prediction | None = None
     physical_ceiling_flops: float | None = None  # CPU hosts: the precision's physical peak (derived from the CPU's
     #                                              features: cores x FLOP/cycle x clock), the ceiling of mfu_physical
 
@@ -454,6 +457,7 @@ class TrainResult:
             "loss_history": list(self.loss_history), "processes": self.processes, "hosts": self.hosts,
             "checkpoint": self.checkpoint.to_record() if self.checkpoint else None,
             "pipeline": self.pipeline,
+            "prediction_calibrated": self.prediction_calibrated.to_dict() if self.prediction_calibrated else None,
         }
 
 
@@ -467,9 +471,8 @@ def _ceiling(n_devices: int, dtype: str, hardware: str | None):
             spec = get_spec("host")
             return spec, spec.peak(dtype), (f"{n_devices} simulated devices share this host: MFU is the whole mesh's "
                                             "model flops against the calibrated host ceiling")
-        try:
-            spec = get_spec(jax.devices()[0].device_kind)
-        except WorkbenchError:
+        spec = chip_for(jax.devices()[0].device_kind)  # warns once, naming --hardware, when the kind is unknown
+        if spec is None:
             return None, None, f"device kind {jax.devices()[0].device_kind!r} not in the catalogue: no MFU"
         return spec, spec.peak(dtype) * n_devices, f"ceiling: {n_devices} x {spec.name} peak ({spec.peak_dtype(dtype)})"
     spec = get_spec(hardware)
@@ -617,6 +620,10 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                               if (ceiling and floor["step_floor_s"]) else None)
         kernel_profile["dot_floor"] = floor
     prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
+    prediction_cal = None
+    if spec is not None and hardware == "auto" and not is_simulated():  # the device's own ceilings beside the chip's
+        cal = load_or_calibrate_device(run_if_missing=False)
+        prediction_cal = predict(cost, calibrated_spec(spec, cal), dtype=price_dtype) if cal else None
     explained = None
     if explain and spec is not None and measurement is not None:  # after the timed steps: traced ones are in neither
 
@@ -656,7 +663,7 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
         loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
         hosts=hosts,
         checkpoint=(dataclasses.replace(ckpt_stats, **step_overhead(times, timed_steps, ckpt_stats.saved_steps))
-                    if ckpt_stats is not None else None), pipeline=pipeline)
+                    if ckpt_stats is not None else None), pipeline=pipeline, prediction_calibrated=prediction_cal)
 
 
 def prog_batch_ways(rules, shape: dict) -> int:

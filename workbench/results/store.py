@@ -26,6 +26,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import hostmem
+from workbench.hardware.devices import device_info
 
 SCHEMA = 1
 FILENAME = "records.jsonl"
@@ -308,10 +309,11 @@ def provenance(seed: int | None = None) -> dict:
     its calibration fingerprint, devices, date; and, inside `workbench sweep`, the sweep and point it belongs to."""
     import jax  # noqa: PLC0415 - the store itself stays importable without JAX (fast CLI start-up)
 
-    devs = jax.devices()
+    dev = device_info()
     return {
         **versions(),
-        "backend": jax.default_backend(), "device_kind": devs[0].device_kind, "device_count": len(devs),
+        "backend": jax.default_backend(), "platform": dev["platform"], "device_kind": dev["device_kind"],
+        "device_count": dev["device_count"], "platform_version": dev.get("platform_version"),
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(), "allocator": hostmem.describe(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed, **git_info(),
