@@ -3,7 +3,9 @@
 Counts are per device (the SPMD-partitioned module is the program one device runs). Instructions inside a `while`
 body are multiplied by the loop's known trip count (scanned layers), those in called computations by their callers.
 Per-fusion flops are estimated from the fused computation's ops: dot = 2·|out|·|contracting|, elementwise = |out|,
-transcendentals (exp, log, tanh, logistic, rsqrt, sqrt, power, sin, cos, erf, ...) counted apart.
+transcendentals (exp, log, tanh, logistic, rsqrt, sqrt, power, sin, cos, erf, ...) counted apart. Custom calls are
+priced where their work can be read (price_custom_call: a declared cost estimate, cuBLAS gemms, cuDNN attention and
+convolutions, calls known to do no arithmetic); the others are listed (custom_calls), never counted as silently zero.
 """
 from __future__ import annotations
 
@@ -259,7 +261,8 @@ class KernelCost:
     dot_flops: float = 0.0  # of `flops`, those in dots/convolutions
     dot_size: float = 0.0  # cube root of batch·m·n·k of the largest dot (its whole work); 0 without dots
     ops: tuple[tuple[str, int], ...] = ()  # the HLO ops inside, count by opcode (an unfused op: itself)
-    library: str = ""  # a custom fusion's library kind from its backend config ('__ynn_fusion', ...); else ''
+    library: str = ""  # a custom fusion's library kind from its backend config ('__ynn_fusion', ...), a custom call's
+    # target ('__cublas$lt$matmul', ...); else ''
     reduce_elements: float = 0.0  # elements its reductions consume (the reduced operands' sizes)
     convert_elements: float = 0.0  # elements it converts between float32 and a narrower float (bf16, f16, fp8)
     # a reduction whose result the same kernel consumes again over the rows it reduced (softmax: max, then exp and
@@ -358,19 +361,22 @@ def _computation_cost(instrs: list[Instr], shapes: dict[str, Shape], mod: "Modul
             if pair & NARROW_FLOATS and "f32" in pair:
                 conv += n
         elif ins.opcode == "custom-call":
-            f, t = custom_call_cost(ins.attrs)
-            flops, trans = flops + f, trans + t
+            c = price_custom_call(ins, shapes) or CallCost()  # unpriced ones are listed by custom_calls()
+            flops, trans, dot_flops = flops + c.flops, trans + c.transcendentals, dot_flops + c.dot_flops
+            dot_size = max(dot_size, c.dot_size)
     return flops, trans, dot_flops, dot_size, red, conv
 
 
-_COST_ESTIMATE = re.compile(r'cost_estimate\\*"?\s*:\s*\{([^}]*)\}')
+_COST_ESTIMATE = re.compile(r'cost_estimate(?:_json)?\\*"?\s*[:=]\s*\\*"?\{([^}]*)\}')
 
 
 def custom_call_cost(attrs: str) -> tuple[float, float]:
     """(flops, transcendentals) a custom call declares: a Pallas TPU kernel (`tpu_custom_call`) carries its
     `pl.CostEstimate` in the backend config (jax/_src/tpu_custom_call.py writes it as JSON: flops, transcendentals,
     bytes_accessed; the optimized HLO prints the numbers as strings), which is all the compiler knows of the
-    kernel's work too (megablox's gmm sets one). Other custom calls: (0, 0)."""
+    kernel's work too (megablox's gmm sets one); a Pallas Mosaic GPU kernel (`mosaic_gpu_v2`) carries it as
+    `cost_estimate_json` (jax/experimental/mosaic/gpu/core.py). Other custom calls: (0, 0); see has_cost_estimate
+    and price_custom_call."""
     m = _COST_ESTIMATE.search(attrs)
     if not m:
         return 0.0, 0.0
@@ -378,6 +384,245 @@ def custom_call_cost(attrs: str) -> tuple[float, float]:
         f = re.search(name + r'\\*"?\s*:\s*\\*"?([0-9.eE+]+)', m.group(1))  # a number, or one in quotes
         return float(f.group(1)) if f else 0.0
     return field("flops"), field("transcendentals")
+
+
+# ---- custom calls: what XLA:GPU hands to libraries, and calls that do no arithmetic -----------------------------------
+
+# cuBLAS gemms (xla/service/gpu/cublas_cudnn.cc: kGemmCallTarget, kCublasLtMatmulCallTarget,
+# kCublasLtMatmulF8CallTarget); any other `__cublas$` target that carries a gemm_backend_config is priced alike
+CUBLAS_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+# cuDNN fused attention: `__cudnn$fmhaSoftmax`, `...ScaleBiasSoftmax`, `...SoftmaxDropout`, `...ScaleBiasSoftmaxDropout`,
+# `...SoftmaxF8` and each with `Backward` (cublas_cudnn.cc; jax/_src/cudnn/fused_attention_stablehlo.py writes them)
+CUDNN_FMHA_PREFIX = "__cudnn$fmha"
+# the tensors each dot of a cudnn_fmha_backend_config multiplies, (lhs, rhs): q, k, v are operands 0, 1, 2; dO is
+# operand 4 of a backward call (fused_attention_stablehlo.py: q, k, v, softmax stats, dO, ...); p is the BNTS
+# score matrix (dP in the gradient dots), whose shape the config carries as intermediate_tensor_shape
+FMHA_DOTS = {"bmm1_dot_dimension_numbers": ("q", "k"), "bmm2_dot_dimension_numbers": ("p", "v"),
+             "bmm1_grad_gemm1_dot_dimension_numbers": ("p", "q"), "bmm1_grad_gemm2_dot_dimension_numbers": ("p", "k"),
+             "bmm2_grad_gemm1_dot_dimension_numbers": ("p", "do"), "bmm2_grad_gemm2_dot_dimension_numbers": ("do", "v")}
+FMHA_OPERANDS = {"q": 0, "k": 1, "v": 2, "do": 4}
+# cuDNN convolutions: where the forward convolution's (input, filter, output) are among (operands, result 0)
+# (xla/service/gpu/gpu_conv_runner.cc GetGpuConvParams); the HLO keeps the forward's window and dim_labels
+CUDNN_CONV_TARGETS = {"__cudnn$convForward": ("op0", "op1", "out"), "__cudnn$convForwardGraph": ("op0", "op1", "out"),
+                      "__cudnn$convBiasActivationForward": ("op0", "op1", "out"),
+                      "__cudnn$convBackwardInput": ("out", "op1", "op0"),
+                      "__cudnn$convBackwardFilter": ("op0", "out", "op1")}
+# custom calls that do no arithmetic (their bytes, where they move any, are counted as any kernel's):
+ZERO_FLOP_CUSTOM_CALLS = frozenset({
+    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "InspectSharding",  # sharding annotations
+    "AllocateBuffer",  # an uninitialised buffer (XLA:GPU, scan carries)
+    "MoveToHost", "MoveToDevice", "annotate_device_placement",  # host offload: memory-space moves
+    "AsyncCollectiveStart", "AsyncCollectiveDone",  # libtpu's async collective halves (parse_collectives)
+    "X64Combine", "X64SplitLow", "X64SplitHigh",  # libtpu: 64-bit values as two 32-bit halves
+    "PadToStatic", "SliceToDynamic",  # dynamic-shape plumbing
+    "__cub$DeviceRadixSort", "TopK", "__gpu$TopK",  # sorts and selections: compares, no flops (as for `sort`)
+})
+# libraries whose calls return a scratch buffer as the last tuple element (u8/s8 vector): not traffic
+LIBRARY_PREFIXES = ("__cublas$", "__cudnn$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallCost:
+    """One execution of a custom call: flops (dot_flops of them in matrix products), transcendentals, the size of
+    its largest product (cube root of batch·m·n·k) and a note on how it was priced ('' when plain)."""
+
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    dot_flops: float = 0.0
+    dot_size: float = 0.0
+    note: str = ""
+
+
+def custom_call_target(attrs: str) -> str:
+    """`custom_call_target="__cublas$gemm"` -> '__cublas$gemm'; '' when absent."""
+    m = re.search(r'custom_call_target="([^"]*)"', attrs)
+    return m.group(1) if m else ""
+
+
+def backend_config(attrs: str) -> dict:
+    """An instruction's backend config as a dict: printed as JSON (`backend_config={...}`) or as a quoted JSON
+    string (`backend_config="{\\"k\\": ...}"`); {} when absent or not JSON (an MLIR attribute dictionary)."""
+    m = re.search(r"\bbackend_config=", attrs)
+    if not m:
+        return {}
+    i = m.end()
+    if attrs.startswith("{", i):
+        text = attrs[i:_match_paren(attrs, i)]
+    elif attrs.startswith('"', i):
+        q = re.match(r'"((?:[^"\\]|\\.)*)"', attrs[i:])
+        if not q:
+            return {}
+        try:
+            text = json.loads(f'"{q.group(1)}"')
+        except ValueError:
+            return {}
+    else:
+        return {}
+    try:
+        out = json.loads(text)
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def has_cost_estimate(attrs: str) -> bool:
+    """Whether a custom call declares its cost (Pallas TPU `cost_estimate`, Mosaic GPU `cost_estimate_json`)."""
+    return _COST_ESTIMATE.search(attrs) is not None
+
+
+def _ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values or ())
+
+
+def _product_flops(lhs: Shape, rhs: Shape, dims: dict) -> tuple[float, float]:
+    """(flops, batch·m·n·k) of one dot given its DotDimensionNumbers (proto JSON): 2·|lhs|·Π(rhs free dims), the lhs
+    holding batch·m·k and the rhs's dims outside its contracting and batch ones holding n."""
+    skip = set(_ints(dims.get("rhs_contracting_dimensions"))) | set(_ints(dims.get("rhs_batch_dimensions")))
+    if any(d >= len(rhs.dims) for d in skip):
+        raise ValueError(f"dot dimensions {sorted(skip)} outside rhs {rhs}")
+    macs = float(lhs.elements) * int(np.prod([n for d, n in enumerate(rhs.dims) if d not in skip]))
+    return 2.0 * macs, macs
+
+
+def _library_results(ins: Instr) -> list[Shape]:
+    """A custom call's result arrays, less the scratch buffer a cuBLAS / cuDNN call returns as its last tuple element
+    (a u8/s8 vector: workspace, not traffic)."""
+    shp = ins.shapes
+    if (len(shp) > 1 and custom_call_target(ins.attrs).startswith(LIBRARY_PREFIXES) and shp[-1].dtype in ("u8", "s8")
+            and len(shp[-1].dims) == 1):
+        return shp[:-1]
+    return shp
+
+
+def gemm_cost(ins: Instr, shapes: dict[str, Shape], cfg: dict) -> CallCost | None:
+    """A cuBLAS gemm: flops = 2·M·N·K·batch from the gemm_backend_config's dot_dimension_numbers and operands 0 (lhs)
+    and 1 (rhs) (the fp8 form's further operands are scales), + one flop per output element for each epilogue stage
+    (bias, activation) and for beta·C; a GELU epilogue one transcendental per output element. None when the config or
+    operand shapes are missing."""
+    g = cfg.get("gemm_backend_config")
+    lhs, rhs = (shapes.get(o) for o in (ins.operands[:2] if len(ins.operands) >= 2 else ("", "")))
+    if not isinstance(g, dict) or "dot_dimension_numbers" not in g or lhs is None or rhs is None:
+        return None
+    try:
+        flops, macs = _product_flops(lhs, rhs, g["dot_dimension_numbers"])
+    except ValueError:
+        return None
+    out = _library_results(ins)
+    n_out = out[0].elements if out else 0
+    epilogue = str(g.get("epilogue", "DEFAULT"))
+    stages = ("BIAS" in epilogue) + any(a in epilogue for a in ("RELU", "GELU", "SILU", "SWISH"))
+    stages += bool(float(g.get("beta", 0) or 0))
+    extra = float(stages * n_out)
+    trans = float(n_out) if "GELU" in epilogue else 0.0
+    return CallCost(flops + extra, trans, flops, macs ** (1.0 / 3.0))
+
+
+def fmha_cost(ins: Instr, shapes: dict[str, Shape], cfg: dict) -> CallCost | None:
+    """cuDNN fused attention: each dot its cudnn_fmha_backend_config names (forward: bmm1 = Q·Kᵀ, bmm2 = P·V;
+    backward: the four gradient products dK, dQ, dV, dP) priced 2·|lhs|·Π(rhs free dims), i.e. 2·B·N·T·S·H each:
+    forward 4·B·N·T·S·H, backward 8·B·N·T·S·H (the dense backward's count; the flash kernel also recomputes Q·Kᵀ,
+    which is not added); + the softmax's exponentials, one per score (B·N·T·S, the backward recomputing them from
+    the saved statistics), counted as flops and as transcendentals. A causal mask is priced as the full products, as
+    the model convention counts attention; the note says so."""
+    c = cfg.get("cudnn_fmha_backend_config")
+    if not isinstance(c, dict):
+        return None
+    inter = (c.get("intermediate_tensor_shape") or {}).get("dimensions")
+    tensors: dict[str, Shape] = {"p": Shape("bf16", _ints(inter))} if inter else {}
+    for key, idx in FMHA_OPERANDS.items():
+        if idx < len(ins.operands) and ins.operands[idx] in shapes:
+            tensors[key] = shapes[ins.operands[idx]]
+    flops = size = 0.0
+    dots = [(k, roles) for k, roles in FMHA_DOTS.items() if isinstance(c.get(k), dict)]
+    if not dots:
+        return None
+    for key, (a, b) in dots:
+        if a not in tensors or b not in tensors:
+            return None
+        try:
+            f, macs = _product_flops(tensors[a], tensors[b], c[key])
+        except ValueError:
+            return None
+        flops, size = flops + f, max(size, macs ** (1.0 / 3.0))
+    trans = float(tensors["p"].elements if "p" in tensors else 0)  # exp of each score
+    mask = str(c.get("mask_type", "NO_MASK"))
+    note = (f"{custom_call_target(ins.attrs)}: {mask.lower()} mask priced as the full score matrix (the kernel skips "
+            "the masked blocks: about half the products run)") if "CAUSAL" in mask else ""
+    return CallCost(flops + trans, trans, flops, size, note)
+
+
+def conv_call_cost(ins: Instr, shapes: dict[str, Shape], roles: tuple[str, str, str]) -> CallCost | None:
+    """A cuDNN convolution (forward, backward input or filter): the forward convolution's multiply-adds (conv_macs,
+    with its input, filter and output found per kind among the operands and result), 2 flops each."""
+    out = _library_results(ins)
+    pick = {"op0": shapes.get(ins.operands[0]) if ins.operands else None,
+            "op1": shapes.get(ins.operands[1]) if len(ins.operands) > 1 else None, "out": out[0] if out else None}
+    lhs, rhs, res = (pick[r] for r in roles)
+    if lhs is None or rhs is None or res is None:
+        return None
+    n, k = conv_macs(ins.attrs, lhs, rhs, res)
+    return CallCost(2.0 * n * k, 0.0, 2.0 * n * k, (max(n, 1) * k) ** (1.0 / 3.0))
+
+
+def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
+    """What one execution of a custom call computes, or None when the reader cannot say (custom_calls lists those):
+    a declared cost estimate (custom_call_cost); a cuBLAS gemm (gemm_cost); cuDNN attention (fmha_cost) or
+    convolution (conv_call_cost); a call known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
+    target = custom_call_target(ins.attrs)
+    if has_cost_estimate(ins.attrs):
+        f, t = custom_call_cost(ins.attrs)
+        return CallCost(f, t)
+    if target in ZERO_FLOP_CUSTOM_CALLS:
+        return CallCost()
+    if target in CUBLAS_GEMM_TARGETS or target.startswith("__cublas$"):
+        return gemm_cost(ins, shapes, backend_config(ins.attrs))
+    if target.startswith(CUDNN_FMHA_PREFIX):
+        return fmha_cost(ins, shapes, backend_config(ins.attrs))
+    if target in CUDNN_CONV_TARGETS:
+        return conv_call_cost(ins, shapes, CUDNN_CONV_TARGETS[target])
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CustomCallUse:
+    """One custom call target of the per-device program: executions per run, whether the reader priced it, and the
+    note its pricing left ('' when none)."""
+
+    target: str
+    count: int
+    priced: bool
+    note: str = ""
+
+
+def custom_calls(text: str, mod: Module | None = None) -> list[CustomCallUse]:
+    """Every custom call the device runs (unfused, or inside a fusion), grouped by (target, priced, note), with its
+    executions per run (loop bodies × trip counts)."""
+    mod = mod or parse_module(text)
+    shapes = _array_shapes(mod)
+    found: dict[tuple[str, bool, str], int] = {}
+
+    def walk(body: list[Instr], count: int, depth: int = 0) -> None:
+        for ins in body:
+            if ins.opcode == "custom-call":
+                c = price_custom_call(ins, shapes)
+                key = (custom_call_target(ins.attrs) or "?", c is not None, c.note if c else "")
+                found[key] = found.get(key, 0) + count
+            elif ins.opcode == "fusion" and depth < 4:
+                walk(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), count, depth + 1)
+
+    for comp, m in _multiplicities(mod).items():
+        walk(mod.computations.get(comp, []), m)
+    return [CustomCallUse(t, n, p, note) for (t, p, note), n in sorted(found.items())]
+
+
+def unpriced_custom_calls(text: str, mod: Module | None = None) -> dict[str, int]:
+    """Custom call target -> executions per run, for the calls the reader cannot price (their work is missing from
+    the kernel flops)."""
+    out: dict[str, int] = {}
+    for u in custom_calls(text, mod):
+        if not u.priced:
+            out[u.target] = out.get(u.target, 0) + u.count
+    return out
 
 
 def _window(attrs: str) -> dict[str, list]:
@@ -516,7 +761,8 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             if any(op.startswith(c) for c in COLLECTIVE_KINDS) or fusion_collective_role(mod, ins):
                 continue
             operand_bytes = [by_name[o].out_bytes if o in by_name else 0.0 for o in ins.operands]
-            bytes_in, bytes_out = sum(operand_bytes), ins.out_bytes
+            out_bytes = sum(sh.bytes for sh in _library_results(ins)) if op == "custom-call" else ins.out_bytes
+            bytes_in, bytes_out = sum(operand_bytes), out_bytes
             shp = ins.shapes
             if op == "fusion":
                 kind = (attr(ins.attrs, "kind") or "fusion")
@@ -531,7 +777,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 trans_el = strided_transposes(fused, by_name) if not dflops else 0.0
             else:
                 passes = False
-                ops, library = ((op, 1),), ""
+                ops, library = ((op, 1),), custom_call_target(ins.attrs) if op == "custom-call" else ""
                 kind = op
                 flops, trans, dflops, dsize, red, conv = _computation_cost([ins], shapes)
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
@@ -542,7 +788,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 trans_el = strided_transposes([ins], by_name)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
-                                  trans_el, sum(operand_bytes) + ins.out_bytes))
+                                  trans_el, sum(operand_bytes) + out_bytes))
     return out
 
 
@@ -626,8 +872,10 @@ def _opcode_counts(instrs: list[Instr]) -> tuple[tuple[str, int], ...]:
 
 
 def _custom_fusion_kind(attrs: str) -> str:
-    """'__ynn_fusion' from backend_config={"fusion_config":{"kind":"__ynn_fusion"}} (XLA:CPU library fusions)."""
-    m = re.search(r'"fusion_config"\s*:\s*\{\s*"kind"\s*:\s*"([^"]+)"', attrs)
+    """'__ynn_fusion' from backend_config={"fusion_config":{"kind":"__ynn_fusion"}} (XLA:CPU library fusions);
+    '__triton_gemm', '__triton_nested_gemm_fusion', '__cudnn$fusion', ... from XLA:GPU's
+    {"fusion_backend_config":{"kind":...}} (their fused computations hold the dots, counted as any fusion's)."""
+    m = re.search(r'"(?:fusion_config|fusion_backend_config)"\s*:\s*\{\s*"kind"\s*:\s*"([^"]+)"', attrs)
     return m.group(1) if m else ""
 
 
@@ -689,7 +937,8 @@ class DotOp:
 
 
 def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
-    """Every dot the device runs (unfused, or inside a fusion), with its operand shapes and executions per run."""
+    """Every dot the device runs (unfused, or inside a fusion; XLA:GPU's cuBLAS gemm custom calls too, read from
+    their gemm_backend_config), with its operand shapes and executions per run."""
     mod = mod or parse_module(text)
     mult = _multiplicities(mod)
     shapes = _array_shapes(mod)
@@ -704,6 +953,12 @@ def parse_dots(text: str, mod: Module | None = None) -> list[DotOp]:
                 found.append(DotOp(ins.name, lhs, rhs, ins.shapes[0], _dims(ins.attrs, "lhs_contracting_dims"),
                                    _dims(ins.attrs, "rhs_contracting_dims"), _dims(ins.attrs, "lhs_batch_dims"),
                                    _dims(ins.attrs, "rhs_batch_dims"), count))
+            elif ins.opcode == "custom-call" and len(ins.operands) >= 2 and gemm_cost(
+                    ins, shapes, cfg := backend_config(ins.attrs)) is not None:
+                dn, out = cfg["gemm_backend_config"]["dot_dimension_numbers"], _library_results(ins)
+                found.append(DotOp(ins.name, shapes[ins.operands[0]], shapes[ins.operands[1]], out[0],
+                                   *(_ints(dn.get(f"{side}_{what}_dimensions")) for what in ("contracting", "batch")
+                                     for side in ("lhs", "rhs")), count))
             elif ins.opcode == "fusion" and depth < 4:
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 found += dots_in(mod.computations.get(callee, []), count, depth + 1)

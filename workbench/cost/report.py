@@ -1,10 +1,13 @@
 """CostReport: what the compiler says one device does for one execution of a program (per device, frozen, adds).
 
 Sources, each kept apart so they can be compared:
-- XLA `cost_analysis()` of the compiled program: flops, transcendentals, bytes accessed (per device).
+- XLA `cost_analysis()` of the compiled program: flops, transcendentals, bytes accessed (per device). Where it gives
+  none (XLA:GPU answers -1, or nothing, for flops and bytes), the field holds the HLO reader's count and
+  `cost_analysis_unavailable` names it: never a silent 0.
 - XLA `memory_analysis()`: argument, output, temp and alias bytes → per-device peak = args + outputs + temps − aliases.
 - The optimized HLO text (workbench.cost.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
   and every collective with payload, dtype, group size and mesh axes. Kernels inside loops count trip-count times.
+  Custom calls the reader cannot price are listed in `unpriced_custom_calls` (their work is missing from the sums).
 - The analytic count of the unoptimized program (workbench.cost.analytic; jax.experimental.roofline), for the whole
   (global) program: divide by n_devices to compare with a fully partitioned per-device count.
 """
@@ -16,7 +19,7 @@ from collections import defaultdict
 from typing import Any
 
 from workbench import compat
-from workbench.cost.hlo import CollectiveOp, KernelCost, parse_collectives, parse_kernels, parse_module
+from workbench.cost.hlo import CollectiveOp, KernelCost, custom_calls, parse_collectives, parse_kernels, parse_module
 
 # glibc serves allocations above this from fresh mmap'd pages (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is
 # 4·1024·1024·sizeof(long) = 32 MiB on 64-bit), so such buffers are page-faulted in on every call
@@ -40,9 +43,9 @@ class AnalyticCount:
 class CostReport:
     """Per-device costs of one execution of a compiled program. All byte and flop fields are PER DEVICE."""
 
-    flops: float  # per device, XLA cost_analysis
-    transcendentals: float  # per device, XLA cost_analysis
-    bytes_accessed: float  # per device, XLA cost_analysis
+    flops: float  # per device, XLA cost_analysis (the HLO reader's count where it is unavailable, see below)
+    transcendentals: float  # per device, XLA cost_analysis (likewise)
+    bytes_accessed: float  # per device, XLA cost_analysis (likewise)
     argument_bytes: float = 0.0  # per device, memory_analysis
     output_bytes: float = 0.0
     temp_bytes: float = 0.0
@@ -56,6 +59,11 @@ class CostReport:
     compute_dtype: str = "float32"
     platform: str = "cpu"
     notes: tuple[str, ...] = ()
+    # cost_analysis keys ('flops', 'bytes accessed', 'transcendentals') XLA gave no valid value for (missing, or
+    # negative: XLA:GPU answers -1): the matching fields hold the HLO reader's sums instead
+    cost_analysis_unavailable: tuple[str, ...] = ()
+    # custom call targets the HLO reader cannot price, with executions per run: their work is in no flop count
+    unpriced_custom_calls: tuple[tuple[str, int], ...] = ()
 
     # -- derived -------------------------------------------------------------------------------------------------
     @property
@@ -85,8 +93,9 @@ class CostReport:
     def uses_hlo_counts(self) -> bool:
         """Whether the HLO kernel sums (trip-count scaled) replace the compiler's program-level counts: XLA's
         cost_analysis counts a loop body once, so a program with loops whose kernels add up to more than 1.5x the
-        compiler's flops is counted from its kernels. The one place this rule lives."""
-        return self.has_loops and self.hlo_flops > 1.5 * self.flops
+        compiler's flops is counted from its kernels; and a program whose compiler gave no flops (XLA:GPU) is
+        counted from its kernels. The one place this rule lives."""
+        return ("flops" in self.cost_analysis_unavailable) or (self.has_loops and self.hlo_flops > 1.5 * self.flops)
 
     @property
     def counted_flops(self) -> float:
@@ -148,7 +157,9 @@ class CostReport:
             large_output_bytes=self.large_output_bytes + o.large_output_bytes,
             kernels=self.kernels + o.kernels, collectives=self.collectives + o.collectives, analytic=an,
             n_devices=self.n_devices, compute_dtype=self.compute_dtype, platform=self.platform,
-            notes=tuple(dict.fromkeys(self.notes + o.notes)))
+            notes=tuple(dict.fromkeys(self.notes + o.notes)),
+            cost_analysis_unavailable=tuple(dict.fromkeys(self.cost_analysis_unavailable + o.cost_analysis_unavailable)),
+            unpriced_custom_calls=_merge_counts(self.unpriced_custom_calls, o.unpriced_custom_calls))
 
     def __radd__(self, o):
         if o == 0:  # sum([...])
@@ -164,6 +175,11 @@ class CostReport:
             "platform": self.platform,
             "compute_dtype": self.compute_dtype,
             "flops": self.flops, "transcendentals": self.transcendentals, "bytes_accessed": self.bytes_accessed,
+            "cost_analysis": {"flops": self.flops, "transcendentals": self.transcendentals,
+                              "bytes accessed": self.bytes_accessed} | {k: "unavailable"
+                                                                       for k in self.cost_analysis_unavailable},
+            "cost_analysis_unavailable": list(self.cost_analysis_unavailable),
+            "unpriced_custom_calls": dict(self.unpriced_custom_calls),
             "hlo_flops": self.hlo_flops, "hlo_bytes": self.hlo_bytes, "hlo_transcendentals": self.hlo_transcendentals,
             "intensity": self.intensity if math.isfinite(self.intensity) else None,
             "memory": {"argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
@@ -182,15 +198,28 @@ class CostReport:
         }
 
 
-def _guard(d: dict, key: str, notes: list[str]) -> float:
+def _merge_counts(*pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """(name, count) pairs summed by name, sorted by name."""
+    out: dict[str, int] = {}
+    for name, n in (p for ps in pairs for p in ps):
+        out[name] = out.get(name, 0) + n
+    return tuple(sorted(out.items()))
+
+
+def _guard(d: dict, key: str, notes: list[str], missing_ok: bool = False) -> float | None:
+    """cost_analysis's `key` when finite and >= 0; else None (unavailable: the caller uses the HLO reader's count)
+    with a note. missing_ok: an absent key means 0 (XLA:CPU leaves 'transcendentals' out when there are none)."""
     v = d.get(key)
     if v is None:
-        notes.append(f"cost_analysis has no '{key}'; recorded as 0")
-        return 0.0
+        if missing_ok:
+            return 0.0
+        notes.append(f"cost_analysis has no '{key}': unavailable, the HLO reader's count is used")
+        return None
     v = float(v)
     if not math.isfinite(v) or v < 0:
-        notes.append(f"cost_analysis '{key}' = {v} is invalid; recorded as 0")
-        return 0.0
+        notes.append(f"cost_analysis '{key}' = {v:g} is invalid (XLA:GPU answers -1): unavailable, the HLO reader's "
+                     "count is used")
+        return None
     return v
 
 
@@ -198,10 +227,6 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                         compute_dtype: str = "float32", hlo_text: str | None = None) -> CostReport:
     """Read a jax `Compiled` (from jit(f).lower(...).compile()) into a per-device CostReport."""
     d, notes = compat.cost_analysis(compiled)  # one dict whatever the version returns; notes say what it took
-    flops = _guard(d, "flops", notes)
-    trans = d.get("transcendentals", 0.0)
-    trans = float(trans) if trans and trans > 0 else 0.0
-    bytes_acc = _guard(d, "bytes accessed", notes)
     mem, mem_notes = compat.memory_analysis(compiled)
     notes.extend(n for n in mem_notes if "returned nothing" not in n)
     text = hlo_text if hlo_text is not None else compiled.as_text()
@@ -210,6 +235,33 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
     mod = parse_module(text)
     kernels = tuple(parse_kernels(text, mod))
     colls = tuple(parse_collectives(text, mesh=mesh, n_devices=n_devices, mod=mod))
+    calls = custom_calls(text, mod)
+    unpriced = _merge_counts(tuple((u.target, u.count) for u in calls if not u.priced))
+    if unpriced:
+        notes.append("custom calls the HLO reader cannot price (their work is in no flop count): "
+                     + ", ".join(f"{t} ×{n}" for t, n in unpriced))
+    notes.extend(dict.fromkeys(u.note for u in calls if u.note))
+    # the compiler's counts; where unavailable, the reader's sums over the kernels (trip-count scaled)
+    hlo_sums = {"flops": sum(k.flops * k.count for k in kernels),
+                "bytes accessed": sum(k.bytes * k.count for k in kernels),
+                "transcendentals": sum(k.transcendentals * k.count for k in kernels)}
+    got = {key: _guard(d, key, notes) for key in ("flops", "bytes accessed")}
+    got["transcendentals"] = _guard(d, "transcendentals", notes, missing_ok=got["flops"] is not None)
+    negative = sorted(k for k, v in d.items() if isinstance(v, (int, float)) and v < 0)
+    if negative and any(v is not None for v in got.values()):
+        # XLA:GPU answers -1 for each instruction it cannot cost (the cuBLAS and cuDNN calls) and sums those into
+        # its totals: on an H200, a cuDNN attention gradient gave flops -2 and bytes accessed +4194326 (its two
+        # calls' bytes missing). A total beside any negative entry may be positive and still miss their work.
+        notes.append(f"cost_analysis has negative entries ({', '.join(negative[:4])}"
+                     f"{', ...' if len(negative) > 4 else ''}): its totals miss the instructions XLA could not cost; "
+                     "flops, bytes and transcendentals unavailable, the HLO reader's counts are used")
+        got = dict.fromkeys(got)
+    unavailable = tuple(k for k, v in got.items() if v is None)
+    flops, bytes_acc, trans = (hlo_sums[k] if got[k] is None else got[k]
+                               for k in ("flops", "bytes accessed", "transcendentals"))
+    if "flops" in unavailable:
+        notes.append("no compiler cost_analysis flops: flops and bytes summed from the optimized HLO's kernels "
+                     "(workbench.cost.hlo)")
     # outputs the runtime allocates afresh on every call (host: page-faulted when above the mmap threshold)
     root = next((i for i in reversed(mod.computations.get(mod.entry, [])) if i.is_root), None)
     large = sum(sh.bytes for sh in (root.shapes if root else []) if sh.bytes >= MMAP_THRESHOLD_BYTES)
@@ -228,8 +280,8 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                      generated_code_bytes=mem.get("generated_code", 0.0), kernels=kernels, collectives=colls,
                      large_output_bytes=float(large),
                      analytic=analytic, n_devices=n_devices, compute_dtype=compute_dtype, platform=platform,
-                     notes=tuple(notes))
-    if rep.uses_hlo_counts:
+                     notes=tuple(notes), cost_analysis_unavailable=unavailable, unpriced_custom_calls=unpriced)
+    if rep.uses_hlo_counts and not unavailable:
         rep = dataclasses.replace(rep, notes=rep.notes + (
             "program has loops: XLA cost_analysis counts a loop body once; predictions use the HLO kernel sums "
             "(trip-count scaled)",))

@@ -4,7 +4,8 @@
     analytic   the model convention (models/analytics.py: 6·N_matmul + 12·L·heads·head_dim·seq per token for
                training) for the step's tokens, divided by the chips — what MFU is measured against
     compiler   XLA's cost_analysis of the compiled program. On libtpu it counts a while body ONCE (scanned layers,
-               microbatch loops): a 4-layer scan reports about a quarter of its flops
+               microbatch loops): a 4-layer scan reports about a quarter of its flops. XLA:GPU gives none (-1):
+               recorded as None (CostReport.cost_analysis_unavailable), not 0
     hlo        every kernel of the optimized HLO (workbench.cost.hlo.parse_kernels) × the runs of its computation: loop
                bodies × their trip counts (libtpu's HLO carries no known_trip_count: read from the loop condition),
                called computations × their callers, dots written as convolutions counted by the window taps that
@@ -34,7 +35,7 @@ REMATS_RECOMPUTING = ("per-layer", "offload", "minimal")
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
     analytic: float        # per device, the model convention
-    compiler: float        # per device, cost_analysis
+    compiler: float | None  # per device, cost_analysis; None where XLA gives none (XLA:GPU)
     hlo: float             # per device, HLO kernels × runs
     expected: float        # analytic × the remat recompute factor
     remat_factor: float
@@ -42,8 +43,8 @@ class FlopCounts:
     used_source: str       # 'hlo' | 'compiler'
     notes: tuple[str, ...] = ()
 
-    def ratio(self, x: float) -> float | None:
-        return x / self.expected if self.expected else None
+    def ratio(self, x: float | None) -> float | None:
+        return x / self.expected if (self.expected and x is not None) else None
 
     def to_record(self) -> dict:
         return {"analytic_per_device": self.analytic, "compiler_per_device": self.compiler,
@@ -84,10 +85,11 @@ def reconcile(cost, model_flops_step: float, n_chips: int, cfg, mode: str, seq: 
     analytic = model_flops_step / n_chips if n_chips else 0.0
     f = remat_factor(cfg, mode, seq)
     expected = analytic * f
-    compiler, hlo = float(cost.flops), float(cost.hlo_flops)
+    compiler = None if "flops" in cost.cost_analysis_unavailable else float(cost.flops)
+    hlo = float(cost.hlo_flops)
     notes = []
     if used is None:
-        used = hlo if (cost.kernels and hlo > 0) else compiler
+        used = hlo if (cost.kernels and hlo > 0) else (compiler or 0.0)
     src = "hlo" if (hlo and abs(used - hlo) <= 1e-9 * max(hlo, 1.0)) else "compiler"
     if expected:
         if compiler and abs(compiler / expected - 1) > 0.25:

@@ -313,11 +313,14 @@ def pipeline_spec(spec: PredictSpec, axes: dict[str, int]) -> pipeline.PipelineS
                                  spec.pipeline_schedule)
 
 
-def lower(spec: PredictSpec, *, precheck: bool = True) -> Lowered:
-    """Build the target's mesh and the abstract sharded step, and lower it (no compile yet)."""
+def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
+    """Build the target's mesh and the abstract sharded step, and lower it (no compile yet). `devices`: real devices
+    of the target's kind to lower for instead of compile-only ones (a GPU host predicting the program it runs)."""
 
     target, cfg, axes, batch, seq, notes = prepare(spec)
-    devices = topo.target_devices(target, spec.gpu_compiler)
+    if devices is not None and len(devices) != target.n_devices:
+        raise WorkbenchError(f"{target.name} has {target.n_devices} devices; {len(devices)} were given")
+    devices = list(devices) if devices is not None else topo.target_devices(target, spec.gpu_compiler)
     grid = topo.device_grid(devices, tuple(axes.values()))
     mesh = make_mesh(axes, devices=list(grid.flat))
     t0 = time.perf_counter()
@@ -446,12 +449,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         out["notes"] = notes
         return TargetPrediction(out)
 
+    # XLA:GPU gives no cost_analysis: the report holds the HLO reader's sums and says so (cost_analysis_unavailable)
     cost = costs_from_compiled(compiled, n_devices=n, mesh=lw.mesh, compute_dtype=compute_dtype)
-    if cost.flops == 0 and cost.hlo_flops > 0:  # XLA:GPU compile-only programs return no cost_analysis
-        cost = dataclasses.replace(cost, flops=cost.hlo_flops, bytes_accessed=cost.hlo_bytes,
-                                   transcendentals=cost.hlo_transcendentals, notes=cost.notes + (
-                                       "no compiler cost_analysis: flops and bytes summed from the optimized HLO's "
-                                       "kernels (workbench.cost.hlo)",))
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
     price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
     price_hw = hw
@@ -498,6 +497,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         overshoot_bytes=max(0.0, mem - hw.hbm_bytes),
         flops_per_device=pred.flops, bytes_per_device=pred.bytes,
         flop_counts=flop_counts.to_record(),
+        unpriced_custom_calls=dict(cost.unpriced_custom_calls),  # targets the reader cannot price: executions per run
         transcendentals_per_device=cost.transcendentals,
         collectives=cost.collectives_by_kind_and_axis(), collectives_by_kind=cost.collectives_by_kind(),
         collective_bytes_per_device=cost.collective_bytes(),
@@ -578,11 +578,14 @@ def jnp_itemsize(dtype_name: str) -> int:
 def _compiler_version(compiler: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
-    pkg = {"libtpu": "libtpu", "xla-gpu": "jax-cuda12-plugin", "xla-cpu": "jaxlib"}.get(compiler)
-    try:
-        return f"{pkg} {version(pkg)}" if pkg else None
-    except PackageNotFoundError:
-        return None
+    pkgs = {"libtpu": ("libtpu",), "xla-gpu": ("jax-cuda13-plugin", "jax-cuda12-plugin"),
+            "xla-cpu": ("jaxlib",)}.get(compiler.split(" ")[0], ())
+    for pkg in pkgs:
+        try:
+            return f"{pkg} {version(pkg)}"
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def _src(hw, key: str) -> str:
