@@ -51,11 +51,12 @@ def _forward_cached(model, tokens_bt, cache):
     positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
     # key position s is visible to query position p when s <= p (causal) — later cache slots are still empty
     mask_bts = positions_bt[:, :, None] >= jnp.arange(max_len, dtype=jnp.int32)[None, None, :]
-    x_btd = model.embed(tokens_bt, positions_bt)
+    rd = model.residual_dtype  # the residual stream between layers, as the training forward keeps it
+    x_btd = model.embed(tokens_bt, positions_bt).astype(rd)
     if model.cfg.scan_layers:
         def body(x_btd, block, k_cache, v_cache):
             x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, k_cache, v_cache, start)
-            return x_btd, (k, v)
+            return x_btd.astype(rd), (k, v)  # the carry keeps its dtype (each block adds in float32)
 
         x_btd, (new_k, new_v) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0))(
             x_btd, model.blocks, cache["k"], cache["v"])
@@ -63,6 +64,7 @@ def _forward_cached(model, tokens_bt, cache):
         new_k, new_v = [], []
         for i, block in enumerate(model.blocks):
             x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, cache["k"][i], cache["v"][i], start)
+            x_btd = x_btd.astype(rd)
             new_k.append(k)
             new_v.append(v)
     return model.head(x_btd), {"k": new_k, "v": new_v, "index": start + t}

@@ -172,17 +172,19 @@ def test_xla_estimate_guards_non_positive_values():
     assert v is None and "no time estimate" in note
 
 
+@pytest.mark.parametrize("policy", ["float32", "bf16"])
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_inference_step_with_scanned_layers_takes_a_stacked_cache(mode):
+def test_inference_step_with_scanned_layers_takes_a_stacked_cache(mode, policy):
     """Scanned layers keep their KV cache stacked (n_layers, b, s, k, h), as models.inference.init_cache builds it;
-    the abstract cache predict hands the step must have that form too, sharded on the batch axis."""
+    the abstract cache predict hands the step must have that form too, sharded on the batch axis. With bf16 weights
+    (inference keeps no float32 copy) the scan's carry keeps the residual stream's dtype through every layer."""
     from models.precision import get_policy
     from models.presets import get_config
     from partitioning.mesh import make_mesh
 
     cfg = get_config("tiny", "scan_layers=true")
     mesh = make_mesh("data=8")
-    step, args, _ = wp.build_inference_step(cfg, get_policy("float32"), mesh, "dp", 8, cfg.seq_len, mode)
+    step, args, _ = wp.build_inference_step(cfg, get_policy(policy), mesh, "dp", 8, cfg.seq_len, mode)
     cache = args[3]
     assert cache["k"].shape == (cfg.n_layers, 8, cfg.seq_len, cfg.n_kv_heads, cfg.head_dim)
     assert cache["k"].sharding.spec[1] == "data"
