@@ -39,7 +39,16 @@ import time
 from typing import Any, Callable
 
 from partitioning.collectives import collective_time
-from workbench.cost.hlo import COLLECTIVE_KINDS, ELEMENTWISE_FLOP_OPS, Instr, Module, parse_collectives, parse_kernels, parse_module
+from workbench.cost.hlo import (
+    COLLECTIVE_KINDS,
+    ELEMENTWISE_FLOP_OPS,
+    Instr,
+    Module,
+    custom_call_target,
+    parse_collectives,
+    parse_kernels,
+    parse_module,
+)
 from workbench.hardware.spec import HardwareSpec
 from workbench.roofline.prediction import host_interconnect, kernel_time
 
@@ -156,6 +165,13 @@ class KernelTable:
 def trace_kernels(step: Callable[[int], Any], *, steps: int = 2, warmup: int = 1) -> KernelTrace:
     """Run step(i) `warmup` times, then trace `steps` runs with jax.profiler; the kernel events (those the thunk
     executor tags with `hlo_op`) and each traced run's wall-clock time."""
+    raw, walls = trace_events(step, steps=steps, warmup=warmup)
+    return KernelTrace(tuple(events_from_trace(raw)), tuple(walls))
+
+
+def trace_events(step: Callable[[int], Any], *, steps: int = 2, warmup: int = 1) -> tuple[list[dict], list[float]]:
+    """(the chrome-format trace events of `steps` traced runs of step(i) after `warmup` untraced ones, each traced
+    run's wall-clock time): jax.profiler's own trace, unread."""
     import glob
     import gzip
     import json
@@ -184,7 +200,7 @@ def trace_kernels(step: Callable[[int], Any], *, steps: int = 2, warmup: int = 1
                 raw = json.load(f).get("traceEvents", [])
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
-    return KernelTrace(tuple(events_from_trace(raw)), tuple(walls))
+    return raw, walls
 
 
 END_MARK = "end: "  # XLA:CPU's thunk executor names the event that marks a kernel's completion END_MARK + its name
@@ -199,6 +215,7 @@ def events_from_trace(raw: list[dict]) -> list[KernelEvent]:
     alone, the copy looked 7× faster than it ran and the rest of its time looked like host overhead. Each kernel
     event is matched with the first unmatched mark of its name at or after its start (in time order per name)."""
     out = []
+    devices = _device_tracks(raw)
     ends: dict[str, list[float]] = collections.defaultdict(list)
     for e in raw:
         name = str(e.get("name", ""))
@@ -211,11 +228,14 @@ def events_from_trace(raw: list[dict]) -> list[KernelEvent]:
         args = e.get("args") or {}
         if e.get("ph") != "X" or "hlo_op" not in args:
             continue
-        try:
-            dev = int(args.get("device_ordinal", 0))
-        except ValueError:
-            dev = 0
-        name = str(args["hlo_op"])
+        if e.get("pid") in devices:  # an accelerator's kernel: named for its kernel (hlo_op names its command buffer)
+            dev, name = devices[e["pid"]], str(e.get("name", ""))
+        else:
+            try:
+                dev = int(args.get("device_ordinal", 0))
+            except ValueError:
+                dev = 0
+            name = str(args["hlo_op"])
         starts[name].append(len(out))
         out.append(KernelEvent(name, dev, str(args.get("run_id", "")), float(e["ts"]) / 1e6,
                                float(e.get("dur", 0.0)) / 1e6))
@@ -234,6 +254,63 @@ def events_from_trace(raw: list[dict]) -> list[KernelEvent]:
                 out[i] = dataclasses.replace(ev, dur_s=marks[j] - ev.start_s)
             j += 1
     return out
+
+
+def _device_tracks(raw: list[dict]) -> dict[Any, int]:
+    """pid -> device ordinal of the trace's accelerator processes ('/device:GPU:0', ...). Their kernel events are the
+    kernels the device ran, named as XLA:GPU named them (its fusion names with '.' written '_', or a library's
+    kernel name for cuBLAS/cuDNN calls); their `hlo_op` names the CUDA graph (command buffer) that launched them."""
+    out = {}
+    for e in raw:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            m = re.match(r"/device:(GPU|TPU):(\d+)", str((e.get("args") or {}).get("name", "")))
+            if m:
+                out[e.get("pid")] = int(m.group(2))
+    return out
+
+
+# kernels a library launches for a custom call (cuBLAS's nvjet / xmma / cutlass gemms, cuDNN's attention and
+# convolution kernels): their names are no HLO instruction's
+LIBRARY_KERNEL = re.compile(r"^(nvjet|sm\d+_xmma|cutlass|cudnn|xmma|ampere_|hopper_|sm\d+_|cublas|gemv|gemmk|"
+                            r"flash|fmha|void cutlass|void cudnn)", re.I)
+
+
+LIBRARY_ROW = "library gemms (cuBLAS/cuDNN)"
+
+
+def _kernel_of(name: str | None, instrs: dict) -> str | None:
+    """The row a traced instruction's time goes to: the first of the call sites that share its kernel."""
+    if name is None:
+        return None
+    lead = _dedup_name(instrs[name][1])
+    return lead if lead in instrs else name
+
+
+def _dedup_name(ins: Instr) -> str:
+    """The kernel an instruction runs as: XLA:GPU's `deduplicated_name` when it shares another's, else its own."""
+    m = re.search(r'deduplicated_name="([^"]+)"', ins.attrs)
+    return m.group(1) if m else ins.name
+
+
+def hlo_name_of(kernel_name: str, instrs: dict) -> str | None:
+    """The HLO instruction a traced kernel name stands for: itself, or with the '.' and '-' XLA:GPU writes as '_'
+    in kernel names ('loop_add_fusion_20' is %loop_add_fusion.20)."""
+    if kernel_name in instrs:
+        return kernel_name
+    return _normalized(instrs).get(kernel_name)
+
+
+def _normalized(instrs: dict) -> dict[str, str]:
+    key = id(instrs)
+    hit = _NORMALIZED.get(key)
+    if hit is None or hit[0] is not instrs:
+        hit = (instrs, {re.sub(r"[.\-]", "_", n): n for n in instrs})
+        _NORMALIZED.clear()
+        _NORMALIZED[key] = hit
+    return hit[1]
+
+
+_NORMALIZED: dict[int, tuple[dict, dict[str, str]]] = {}
 
 
 def wall_shares(events: list[KernelEvent], waits: list[bool] | None = None) -> tuple[list[float], float]:
@@ -296,6 +373,10 @@ def kernel_class(ins: Instr, mod: Module, in_condition: bool = False) -> str:
         return "collective"
     if op in ("dot", "convolution"):
         return "dot"
+    if op == "custom-call":  # a library's matmul kernel (cuBLAS gemm, cuDNN attention or convolution) is a dot
+        target = custom_call_target(ins.attrs)
+        if target.startswith(("__cublas$", "__cudnn$fmha", "__cudnn$conv")):
+            return "dot"
     if op == "fusion":
         body = mod.computations.get(_callee(ins), [])
         if any(i.opcode.startswith(COLLECTIVE_KINDS) for i in body) or "all-reduce-scatter" in _callee(ins):
@@ -347,16 +428,22 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
     unmatched = 0
     busy = raw_total = 0.0
     steps = 1
+    library = 0  # library kernels (cuBLAS, cuDNN) traced: their time goes to the custom calls that launch them
     if trace is not None:
         steps = max(trace.steps, 1)
-        evs = [e for e in trace.events if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
+        evs = [dataclasses.replace(e, name=_kernel_of(hlo_name_of(e.name, instrs), instrs) or e.name)
+               for e in trace.events]
+        evs = [e for e in evs if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
         waits = [simulated_mesh and e.name in instrs and kernel_class(instrs[e.name][1], mod) == "collective"
                  for e in evs]
         sh, busy = wall_shares(evs, waits)
         for e, s in zip(evs, sh):
             if e.name not in instrs:
-                unmatched += 1
-                continue
+                if not LIBRARY_KERNEL.match(e.name):
+                    unmatched += 1
+                    continue
+                library += 1
+                e = dataclasses.replace(e, name=LIBRARY_ROW)
             shares[e.name] += s / steps
             raw[e.name] += e.dur_s / steps
             execs[e.name] += 1 / steps
@@ -365,9 +452,28 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
 
     rows = []
     names = [n for n in costs] + [n for n in colls if n not in costs]
-    names += [n for n in shares if n not in costs and n not in colls]
+    names += [n for n in shares if n not in costs and n not in colls and n != LIBRARY_ROW]
+    lib = {"pred": 0.0, "fl": 0.0, "dfl": 0.0, "nb": 0.0, "count": 0}
+    # XLA:GPU launches identical fusions under one kernel (the instructions' `deduplicated_name`): the trace names
+    # that kernel for every call site, so a group of call sites is one row, priced as the sum of its members
+    members: dict[str, list[str]] = collections.defaultdict(list)
+    for name in names:
+        lead = _dedup_name(instrs[name][1])
+        if lead != name and lead in instrs:
+            members[lead].append(name)
+    grouped = {m for ms in members.values() for m in ms}
     for name in dict.fromkeys(names):
+        if name in grouped:
+            continue
         comp, ins = instrs[name]
+        if library and ins.opcode == "custom-call" and name in costs and name not in shares:
+            k = costs[name]  # a library call whose kernels were traced under their own names: priced as one row
+            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw, sharers=mult)
+            for key, v in (("pred", kt.seconds * k.count * mult), ("fl", k.flops * k.count * mult),
+                           ("dfl", k.dot_flops * k.count * mult), ("nb", k.bytes * k.count * mult),
+                           ("count", k.count * mult)):
+                lib[key] += v
+            continue
         cls = kernel_class(ins, mod, in_condition=comp in cond)
         k = costs.get(name)
         c = colls.get(name)
@@ -379,6 +485,13 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
             pred = kt.seconds * k.count * mult
             fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
             dfl = k.dot_flops * k.count * mult
+            for m in members.get(name, ()):  # the other call sites of the same kernel
+                km = costs.get(m)
+                if km is not None:
+                    pred += kernel_time(km, spec, dtype=dtype, memory_bw=bw, sharers=mult).seconds * km.count * mult
+                    fl, nb, dfl = fl + km.flops * km.count * mult, nb + km.bytes * km.count * mult, \
+                        dfl + km.dot_flops * km.count * mult
+                    count += km.count
         else:  # traced but not priced (an op the HLO reader gives no cost)
             pred, fl, dfl, nb, roof, count = 0.0, 0.0, 0.0, 0.0, "none", 1
         traced = name in shares
@@ -388,6 +501,10 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
                               shares[name] if traced else (0.0 if trace is not None else None),
                               raw[name] if traced else (0.0 if trace is not None else None),
                               fl, dfl, nb, roof, _what(ins, mod)))
+    if library:
+        rows.append(KernelRow(LIBRARY_ROW, "dot", "custom-call", execs[LIBRARY_ROW], lib["pred"], shares[LIBRARY_ROW],
+                              raw[LIBRARY_ROW], lib["fl"], lib["dfl"], lib["nb"], "compute",
+                              f"{lib['count']} library calls (cuBLAS/cuDNN), their kernels traced by library name"))
     rows.sort(key=lambda r: -(r.measured_s if r.measured_s is not None else r.predicted_s))
     classes = []
     for cls in KERNEL_CLASSES:
