@@ -1,33 +1,34 @@
 #!/usr/bin/env python3
 """GPU host check: run as it is on a GPU host (installs nothing), from the source tree's root (`-m` puts it on the path).
 
-    python -m benchmarks.gpu_check [OUT_DIR]        # OUT_DIR defaults to $OUT, then ./gpu-check-out
-    python -m benchmarks.gpu_check --tiny OUT_DIR   # a CPU smoke run with tiny sizes (the test suite uses it)
+    python -m benchmarks.gpu_check [OUT_DIR] [--budget-s 500] [--work DIR]   # OUT_DIR: $OUT, then ./gpu-check-out
+    python -m benchmarks.gpu_check --tiny OUT_DIR                 # a CPU smoke run with tiny sizes (the test suite)
 
-1. detects the backend and the chip (device_kind → catalogue entry);
-2. calibrates: a bfloat16 matmul large enough to fill an H200 (8192³), a float32 one, and a device-to-device copy
-   (bytes read + written) — through the one harness, workbench.measure.harness;
-3. runs the built-in op suite, measured, and predicted against both the catalogue chip and the calibration;
-4. runs the sections other parts add (precision: bf16 vs fp8 matmul; tiling: sawtooth and Pallas blocks vs cuBLAS),
-   each guarded so one failure does not lose the rest;
-5. writes results.jsonl (records), summary.json and table.md under OUT_DIR; everything in under 8 minutes.
-Works on jax 0.10 and 0.11.
+Each section runs in a process of its own (a crash or a hang loses that section only, and each process gives its
+device memory back when it ends), in this order, each within its share of the time budget:
+1. calibrate: `workbench calibrate --json` as a user runs it on the GPU: matmul per dtype and against size, the
+   device stream, the kernel launch cost (workbench.measure.device); cached, so later sections price with it;
+2. ops: the built-in op suite measured, each predicted against the catalogue chip and against the calibration;
+3. programs: whole programs compiled on the device, predicted (a) from that compile (catalogue and calibrated) and
+   (b) by the CPU host's stored prediction for the same spec, and measured (benchmarks/gpu_programs.py);
+4. run: `workbench run --preset gpt2-small --batch 16 --steps 12 --json` as a user runs it (the GPU found and used,
+   its MFU and prediction in the record);
+5. peer: the same gpt2-small step in PyTorch (eager and torch.compile, bf16 autocast, scaled_dot_product_attention,
+   fused AdamW) alternating with the workbench's (benchmarks/peer.py);
+6. precision and tiling: bf16 vs fp8 matmuls, the shape sawtooth and Pallas blocks vs cuBLAS (when time is left).
+Writes summary.json, table.md (both rewritten after each section) and artifacts.tar.gz (the device's HLO of every
+program, the records, each section's output) under OUT_DIR; intermediate files under --work (default OUT_DIR).
+Works on jax 0.10 to 0.12.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import subprocess
 import sys
+import tarfile
 import time
 import traceback
-
-from workbench.hardware.devices import default_platform
-from workbench.hardware.spec import catalogue
-from workbench.measure.calibrate import get_spec
-from workbench.measure.harness import measure, measure_steps, random_inputs
-from workbench.programs.demo import run_suite
-from workbench.results.store import Store
 
 GPU_SUITE = [
     ("matmul", {"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),
@@ -41,139 +42,294 @@ GPU_SUITE = [
 TINY_SUITE = [("matmul", {"m": 128, "n": 128, "k": 128}, "float32"), ("elementwise", {"n": 1 << 16}, "float32"),
               ("softmax", {"rows": 64, "cols": 128}, "float32"),
               ("attention", {"batch": 1, "heads": 2, "seq": 64, "head_dim": 32}, "float32")]
-SECTIONS = ["benchmarks.gpu_precision", "benchmarks.gpu_tiling"]  # modules with run(out_dir, spec, tiny) -> dict
+# (section, seconds it may take at most on an H200; the budget left caps it too)
+SECTIONS = [("calibrate", 70), ("ops", 55), ("programs", 230), ("run", 70), ("peer", 140), ("precision", 45),
+            ("tiling", 60)]
+EXTRA = {"precision": "benchmarks.gpu_precision", "tiling": "benchmarks.gpu_tiling"}
 
 
-def detect_chip(device_kind: str, platform: str):
+# ------------------------------------------------------------------------------------------------ one section
+def _platform(tiny: bool):
+    from workbench.hardware.devices import select_platform
 
-    kind = device_kind.lower().replace(" ", "").replace("-", "")
-    if platform == "cpu":
-        return get_spec("host")
-    for name, spec in catalogue().items():
-        keys = [name, *spec.aliases]
-        if any(k.lower().replace("-", "").replace(" ", "") in kind for k in keys):
-            return spec
-    if "h100" in kind:
-        return catalogue()["h100-sxm"]
-    raise SystemExit(f"gpu_check: device kind {device_kind!r} matches no catalogue chip")
+    return select_platform("cpu" if tiny else "auto", quiet=True)
 
 
-def calibrate_device(dev, tiny: bool) -> dict:
-    import jax
-    import jax.numpy as jnp
-
-
-    out = {}
-    n = 256 if tiny else 8192
-    for dt in ("bfloat16", "float32"):
-        a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dt))
-        x, y = (jax.device_put(v, dev) for v in random_inputs((a, a), seed=1))
-        c = jax.jit(lambda p, q: p @ q).lower(x, y).compile()
-        m = measure(c, x, y, warmup=3, repeats=10)
-        out[f"matmul_{dt}"] = {"n": n, "flops_per_s": 2.0 * n**3 / m.median_s, "spread": m.spread,
-                               "best_flops_per_s": 2.0 * n**3 / m.min_s}
-    nel = (1 << 16) if tiny else (1 << 30) // 4 * 2  # 2 GiB of float32
-    f = jax.jit(lambda v: v * 1.0001 + 0.5, donate_argnums=0)
-    st = {"x": jax.device_put(jax.random.normal(jax.random.key(0), (nel,), jnp.float32), dev)}
-
-    def step(i):
-        st["x"] = f(st["x"])
-        return st["x"]
-
-    m = measure_steps(step, warmup=3, repeats=10, guard=f)
-    out["copy"] = {"bytes": nel * 4, "bytes_per_s": 2.0 * nel * 4 / m.median_s, "spread": m.spread,
-                   "counted": "bytes read + bytes written"}
-    st.clear()
-    return out
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    tiny = "--tiny" in argv
-    argv = [a for a in argv if a != "--tiny"]
-    out_dir = argv[0] if argv else os.environ.get("OUT") or "gpu-check-out"
-    os.makedirs(out_dir, exist_ok=True)
-    os.environ["WORKBENCH_RESULTS"] = os.path.join(out_dir, "results.jsonl")
-    t_start = time.time()
+def _specs(tiny: bool):
+    """(the catalogue chip, the chip with this device's calibration laid over it, the calibration)."""
     import jax
 
+    from workbench.measure.calibrate import get_spec
+    from workbench.measure.device import calibrate_device, calibrated_spec, chip_for, load_or_calibrate_device
 
-    if tiny:
-        default_platform()
     dev = jax.devices()[0]
-    platform = dev.platform
-    summary = {"backend": platform, "device_kind": dev.device_kind, "device_count": len(jax.devices()),
-               "jax": jax.__version__, "tiny": tiny, "sections": {}}
-    print(f"gpu_check: {platform} {dev.device_kind} × {len(jax.devices())}, jax {jax.__version__}", flush=True)
-    spec = detect_chip(dev.device_kind, platform)
-    summary["catalogue_chip"] = spec.name
-    cal = calibrate_device(dev, tiny)
-    summary["calibration"] = cal
-    measured_spec = dataclasses.replace(
-        spec, name=f"{spec.name}-calibrated",
-        peak_flops={**spec.peak_flops, "bfloat16": cal["matmul_bfloat16"]["flops_per_s"],
-                    "float32": cal["matmul_float32"]["flops_per_s"]},
-        hbm_bw=cal["copy"]["bytes_per_s"], first_touch_bw=None)
-    for k in ("bfloat16", "float32"):
-        summary.setdefault("peak_vs_catalogue", {})[k] = cal[f"matmul_{k}"]["flops_per_s"] / spec.peak(k)
-    summary["bw_vs_catalogue"] = cal["copy"]["bytes_per_s"] / spec.hbm_bw
-    print("calibration:", json.dumps(cal), flush=True)
+    if dev.platform == "cpu":  # the tiny smoke run: the host stands in for the chip
+        spec = get_spec("host")
+        cal = calibrate_device(quick=True, quiet=True)
+    else:
+        spec = chip_for(dev.device_kind)
+        if spec is None:
+            raise SystemExit(f"gpu_check: device kind {dev.device_kind!r} is in no catalogue entry")
+        cal = load_or_calibrate_device(quiet=True)
+    return spec, calibrated_spec(spec, cal), cal
+
+
+def section_ops(out_dir: str, tiny: bool) -> dict:
+    from workbench.programs.demo import run_suite
+    from workbench.results.store import Store
+
+    spec, cal_spec, _ = _specs(tiny)
     rows = []
     for name, sizes, dt in (TINY_SUITE if tiny else GPU_SUITE):
         try:
-            r = run_suite([(name, sizes)], dtype=dt, target=spec, repeats=10, progress=False,
-                          kind="gpu-check-op", also_predict=(measured_spec,))[0]
-            rec = _last_record()
-            p2 = rec["extra"]["predictions"][measured_spec.name]["predicted_s"]
+            r = run_suite([(name, sizes)], dtype=dt, target=spec, repeats=10, progress=False, kind="gpu-check-op",
+                          also_predict=(cal_spec,))[0]
+            rec = Store().records()[-1]
+            p2 = rec["extra"]["predictions"][cal_spec.name]["predicted_s"]
             r.update(dtype=dt, predicted_calibrated_s=p2,
-                     error_calibrated=abs(p2 - r["measured_s"]) / r["measured_s"] if r["measured_s"] else None)
+                     error_calibrated=abs(p2 - r["measured_s"]) / r["measured_s"] if r["measured_s"] else None,
+                     flops_counted=rec["costs"]["flops"],
+                     unpriced_custom_calls=rec["costs"].get("unpriced_custom_calls"))
             rows.append(r)
             print(f"  {name} {sizes} {dt}: measured {r['measured_s']:.3g}s, predicted {r['predicted_s']:.3g}s "
                   f"(catalogue) / {p2:.3g}s (calibrated), bound {r['bound']}", flush=True)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - one op's failure is reported, the rest still run
             rows.append({"op": name, "sizes": str(sizes), "dtype": dt, "failed": f"{type(e).__name__}: {e}"[:300]})
             print(f"  {name} failed: {e}", flush=True)
-    summary["ops"] = rows
+    return {"catalogue_chip": spec.name, "ops": rows}
+
+
+def section_programs(out_dir: str, tiny: bool, deadline: float) -> dict:
+    from benchmarks import gpu_programs
+
+    spec, cal_spec, _ = _specs(tiny)
+    path = os.path.join(out_dir, "sections", "programs.json")
+    return gpu_programs.run(out_dir, spec=spec, tiny=tiny, cal_spec=cal_spec, deadline=deadline,
+                            on_row=lambda res: _write(path, res))  # a section cut short keeps what it measured
+
+
+def section_extra(name: str, out_dir: str, tiny: bool) -> dict:
     import importlib
 
-    for modname in SECTIONS:
+    spec, _, _ = _specs(tiny)
+    return importlib.import_module(EXTRA[name]).run(out_dir=out_dir, spec=spec, tiny=tiny)
+
+
+def run_section(name: str, out_dir: str, tiny: bool, deadline: float) -> int:
+    """One section in this process; its result goes to OUT_DIR/sections/NAME.json."""
+    os.environ["WORKBENCH_RESULTS"] = os.path.join(out_dir, "results.jsonl")
+    _platform(tiny)
+    t0 = time.time()
+    try:
+        if name == "ops":
+            res = section_ops(out_dir, tiny)
+        elif name == "programs":
+            res = section_programs(out_dir, tiny, deadline)
+        else:
+            res = section_extra(name, out_dir, tiny)
+    except Exception as e:  # noqa: BLE001 - the section's failure, in its own file
+        res = {"failed": f"{type(e).__name__}: {e}"[:400], "traceback": traceback.format_exc()[-2000:]}
+    res["wall_s"] = time.time() - t0
+    _write(os.path.join(out_dir, "sections", f"{name}.json"), res)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ the orchestrator
+def _write(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def _child(cmd: list[str], timeout: float, log) -> tuple[int | None, str]:
+    """Run a section's process; (exit code or None on timeout, its stdout). Its stderr goes to the log."""
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # take device memory as needed, give it back on exit
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 5), env=env)
+        log.write(p.stderr)
+        sys.stdout.write(p.stdout if len(p.stdout) < 20000 else p.stdout[-20000:])
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        log.write((e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + "\n[timed out]\n")
+        sys.stdout.write(out[-5000:])
+        return None, out
+
+
+def _json_tail(text: str):
+    """The JSON document a command printed on stdout (its last top-level object)."""
+    i = text.find("{")
+    while i >= 0:
         try:
-            mod = importlib.import_module(modname)
-            summary["sections"][modname] = mod.run(out_dir=out_dir, spec=spec, tiny=tiny)
-        except ModuleNotFoundError as e:
-            if e.name != modname:
-                summary["sections"][modname] = {"failed": str(e)}
-        except Exception as e:
-            summary["sections"][modname] = {"failed": f"{type(e).__name__}: {e}"[:300],
-                                            "traceback": traceback.format_exc()[-1500:]}
+            return json.loads(text[i:])
+        except ValueError:
+            i = text.find("{", i + 1)
+    return None
+
+
+def orchestrate(out_dir: str, tiny: bool, budget_s: float, work: str | None = None) -> dict:
+    """Run the sections one after the other within `budget_s`; the summary (out_dir/summary.json) is rewritten after
+    each. Intermediate files go to `work` (default out_dir)."""
+    final, out_dir = out_dir, work or out_dir
+    t_start = time.time()
+    end = t_start + budget_s
+    py = sys.executable
+    summary: dict = {"tiny": tiny, "budget_s": budget_s, "sections": {}}
+    log = open(os.path.join(out_dir, "sections.log"), "a")
+    plat = ["--platform", "cpu"] if tiny else []
+    for name, cap in SECTIONS:
+        left = end - time.time()
+        if left < 15:
+            summary["sections"][name] = {"skipped": f"out of time ({budget_s:.0f} s budget)"}
+            continue
+        limit = min(cap * (0.5 if tiny else 1.0) + (60 if tiny else 0), left)
+        t0 = time.time()
+        print(f"gpu_check: {name} (up to {limit:.0f} s)", flush=True)
+        if name == "calibrate":
+            rc, out = _child([py, "-m", "workbench", "calibrate", "--json", *(["--quick"] if tiny else []), *plat],
+                             limit, log)
+            res = _json_tail(out) or {"failed": f"exit {rc}"}
+        elif name == "run":
+            args = (["--preset", "tiny", "--steps", "2"] if tiny else
+                    ["--preset", "gpt2-small", "--batch", "16", "--seq", "1024", "--steps", "12"])
+            rc, out = _child([py, "-m", "workbench", "run", *args, "--json", *plat], limit, log)
+            res = _json_tail(out) or {"failed": f"exit {rc}"}
+        elif name == "peer":
+            args = ["--tiny", "--device", "cpu"] if tiny else [
+                "--preset", "gpt2-small", "--batch", "16", "--precision", "bf16", "--torch", "eager,compile",
+                "--rounds", "3", "--steps", "5", "--total-steps", "100"]
+            rc, out = _child([py, "-m", "benchmarks.peer", *args, "--out", os.path.join(out_dir, "peer.json")],
+                             limit, log)
+            try:
+                with open(os.path.join(out_dir, "peer.json")) as f:
+                    res = json.load(f)
+            except (OSError, ValueError):  # exit 0 and no result: PyTorch is not installed (the peer says so)
+                res = ({"skipped": "no result (is PyTorch installed?)"} if rc == 0 else
+                       {"failed": f"exit {rc}" if rc is not None else "timed out", "stdout": out[-1500:]})
+        else:
+            rc, _ = _child([py, "-m", "benchmarks.gpu_check", "--section", name, out_dir,
+                            "--deadline", str(time.time() + limit - 20), *(["--tiny"] if tiny else [])], limit, log)
+            try:
+                with open(os.path.join(out_dir, "sections", f"{name}.json")) as f:
+                    res = json.load(f)
+            except (OSError, ValueError):
+                res = {"failed": f"exit {rc}" if rc is not None else f"timed out after {limit:.0f} s"}
+        if rc is None:
+            res.setdefault("timed_out", True)
+        res["section_wall_s"] = time.time() - t0
+        summary["sections"][name] = res
+        summary["wall_s"] = time.time() - t_start
+        _write(os.path.join(final, "summary.json"), summary)  # what is done survives whatever comes next
+        with open(os.path.join(final, "table.md"), "w") as f:
+            f.write(table(summary))
+    log.close()
     summary["wall_s"] = time.time() - t_start
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=str)
-    lines = [f"# GPU check: {dev.device_kind} ({platform}), jax {jax.__version__}", "",
-             f"bf16 matmul {cal['matmul_bfloat16']['flops_per_s'] / 1e12:.1f} TFLOP/s "
-             f"({summary['peak_vs_catalogue']['bfloat16']:.0%} of catalogue), copy "
-             f"{cal['copy']['bytes_per_s'] / 1e12:.2f} TB/s ({summary['bw_vs_catalogue']:.0%} of catalogue)", "",
-             "| op | sizes | dtype | bound | predicted (catalogue) | predicted (calibrated) | measured | error cat. | "
-             "error cal. |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    return summary
+
+
+def table(summary: dict) -> str:
+    s = summary["sections"]
+    cal = s.get("calibrate") or {}
+    key = cal.get("key") or {}
+    lines = [f"# GPU check: {key.get('device_kind', '?')} ({key.get('platform_version') or key.get('platform', '?')}), "
+             f"jax {key.get('jax', '?')}", ""]
+    if cal.get("matmul"):
+        vs = cal.get("vs_catalogue") or {}
+        lines.append("calibration: " + ", ".join(
+            f"{dt} {v['flops_per_s'] / 1e12:.0f} TFLOP/s ({vs.get(dt, 0):.0%})" for dt, v in cal["matmul"].items())
+            + f"; stream {cal['stream']['bytes_per_s'] / 1e12:.2f} TB/s ({vs.get('stream', 0):.0%}); launch "
+            f"{cal['kernel_launch']['per_kernel_s'] * 1e6:.1f} µs/kernel (percent of the catalogue)")
+    lines += ["", "| op | sizes | dtype | bound | predicted (catalogue) | predicted (calibrated) | measured | error cat. | "
+              "error cal. |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in (s.get("ops") or {}).get("ops", []):
         if "failed" in r:
             lines.append(f"| {r['op']} | {r['sizes']} | {r['dtype']} | failed: {r['failed'][:80]} |||||")
             continue
         lines.append(f"| {r['op']} | {r['sizes']} | {r['dtype']} | {r['bound']} | {r['predicted_s']:.3g} | "
                      f"{r['predicted_calibrated_s']:.3g} | {r['measured_s']:.3g} | {r['error']:.1%} | "
                      f"{r['error_calibrated']:.1%} |")
-    for name, sec in summary["sections"].items():
-        lines += ["", f"## {name}", "", "```", json.dumps(sec, indent=1, default=str)[:3000], "```"]
+    progs = (s.get("programs") or {}).get("programs", [])
+    if progs:
+        lines += ["", "| program | measured ms | (a) catalogue ms | err | (a) calibrated ms | err | (b) CPU host ms | err "
+                  "| MFU | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in progs:
+            if "measured_s" not in r:
+                lines.append(f"| {r['program']} | {r.get('failed') or r.get('skipped')} |||||||||")
+                continue
+            lines.append(f"| {r['program']} | {r['measured_s'] * 1e3:.2f} | {_ms(r.get('predicted_s'))} | "
+                         f"{_pct(r.get('error'))} | {_ms(r.get('predicted_calibrated_s'))} | "
+                         f"{_pct(r.get('error_calibrated'))} | {_ms(r.get('predicted_host_s'))} | "
+                         f"{_pct(r.get('error_host'))} | {_pct(r.get('mfu'))} | {r['compile_s']:.0f} |")
+        for k, v in ((s.get("programs") or {}).get("summary") or {}).items():
+            lines.append(f"\n{k}: median |error| {v['median']:.1%}, max {v['max']:.1%} over {v['n']} programs")
+    run = s.get("run") or {}
+    if run.get("step_s"):
+        lines += ["", f"workbench run gpt2-small: platform {run.get('platform')} ({run.get('device_kind')}), step "
+                  f"{run['step_s'] * 1e3:.1f} ms, {run.get('tokens_per_s', 0):.0f} tokens/s, MFU {_pct(run.get('mfu'))}, "
+                  f"predicted {_ms(run.get('predicted_step_s'))} / calibrated {_ms(run.get('predicted_step_s_calibrated'))}"]
+    peer = (s.get("peer") or {}).get("precisions") or {}
+    for p, v in peer.items():
+        lines += ["", f"peer {p}: workbench {v['workbench']['step_s'] * 1e3:.1f} ms/step; " + ", ".join(
+            f"{side} {v[side]['step_s'] * 1e3:.1f} ms (workbench/{side} tokens/s {r:.2f}×)"
+            for side, r in v["ratios_tokens_per_s"].items())]
+    for name in ("precision", "tiling"):
+        if s.get(name):
+            lines += ["", f"## {name}", "", "```", json.dumps(s[name], indent=1, default=str)[:2500], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(x):
+    return f"{x * 1e3:.2f}" if x else "—"
+
+
+def _pct(x):
+    return f"{x:+.1%}" if x is not None else "—"
+
+
+def pack(out_dir: str, work: str, limit_bytes: int = 15 * 2**20) -> str:
+    """Everything but the summary and table in one archive (the device tool brings back at most 8 files of at most
+    16 MiB each); over `limit_bytes`, packed again without the kernel traces."""
+    path = os.path.join(out_dir, "artifacts.tar.gz")
+    for with_traces in (True, False):
+        with tarfile.open(path, "w:gz") as tar:
+            for name in ("hlo", "sections", "results.jsonl", "sections.log", "peer.json", "peer.png"):
+                p = os.path.join(work, name)
+                if os.path.exists(p):
+                    tar.add(p, arcname=name,
+                            filter=lambda ti: ti if with_traces or not ti.name.endswith(".trace.json.gz") else None)
+        if os.path.getsize(path) <= limit_bytes:
+            break
+    return path
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tiny = "--tiny" in argv
+    argv = [a for a in argv if a != "--tiny"]
+    opts = {}
+    for flag in ("--section", "--deadline", "--budget-s", "--work"):
+        if flag in argv:
+            i = argv.index(flag)
+            opts[flag] = argv[i + 1]
+            del argv[i:i + 2]
+    out_dir = os.path.abspath(argv[0] if argv else os.environ.get("OUT") or "gpu-check-out")
+    os.makedirs(out_dir, exist_ok=True)
+    if "--section" in opts:
+        return run_section(opts["--section"], out_dir, tiny, float(opts.get("--deadline", time.time() + 600)))
+    work = os.path.abspath(opts.get("--work", out_dir))
+    os.makedirs(work, exist_ok=True)
+    os.environ["WORKBENCH_RESULTS"] = os.path.join(work, "results.jsonl")
+    summary = orchestrate(out_dir, tiny, float(opts.get("--budget-s", 900 if tiny else 500)), work)
+    _write(os.path.join(out_dir, "summary.json"), summary)
+    text = table(summary)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"gpu_check: done in {summary['wall_s']:.0f}s; results under {out_dir}")
+        f.write(text)
+    print(text)
+    print(f"gpu_check: done in {summary['wall_s']:.0f}s; results under {out_dir} ({pack(out_dir, work)})")
     return 0
-
-
-def _last_record() -> dict:
-
-    return Store().records()[-1]
 
 
 if __name__ == "__main__":

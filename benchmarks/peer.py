@@ -46,6 +46,7 @@ from models.transformer import Transformer, count_params
 from partitioning.mesh import make_mesh
 from workbench.errors import WorkbenchError
 from workbench.measure.calibrate import bf16_isa, cpu_features, get_spec
+from workbench.measure.device import chip_for
 from workbench.measure.harness import measure_steps
 from workbench.programs.data import Batches, shard_batch
 from workbench.programs.train import build_train_step, default_learning_rate
@@ -61,7 +62,7 @@ except ModuleNotFoundError:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRECISIONS = ("float32", "bf16")
-SIDES = ("workbench", "torch")
+SIDES = ("workbench", "torch", "torch-compile")  # torch: eager PyTorch; torch-compile: torch.compile'd model
 WEIGHT_DECAY, CLIP_NORM, BETAS, EPS = 0.1, 1.0, (0.9, 0.95), 1e-8  # as workbench.programs.train.make_optimizer
 
 
@@ -147,14 +148,16 @@ if torch is not None:
 # --------------------------------------------------------------------------------------------- workers
 class TorchSide:
     def __init__(self, cfg, precision: str, batch: int, total_steps: int, learning_rate: float, compile_: bool,
-                 seed: int = 0):
+                 seed: int = 0, device: str = "cpu"):
         torch.manual_seed(seed)
-        self.model = TorchGPT(cfg)
+        self.device = torch.device(device)
+        self.model = TorchGPT(cfg).to(self.device)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # one kernel per step for the whole update
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                       {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=BETAS,
-                                     eps=EPS)
+                                     eps=EPS, **fused)
         self.lrs = lr_schedule(learning_rate, total_steps)
         self.bf16 = precision == "bf16"
         self.fwd = torch.compile(self.model) if compile_ else self.model
@@ -164,11 +167,12 @@ class TorchSide:
 
     def step(self, _=None) -> float:
         b = self.batches.train(self.i)
-        x, y = torch.from_numpy(b["inputs"]).long(), torch.from_numpy(b["targets"]).long()
+        x = torch.from_numpy(b["inputs"]).long().to(self.device, non_blocking=True)
+        y = torch.from_numpy(b["targets"]).long().to(self.device, non_blocking=True)
         for g in self.opt.param_groups:
             g["lr"] = float(self.lrs[min(self.i, len(self.lrs) - 1)])
         self.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = self.fwd(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
@@ -193,13 +197,13 @@ class WorkbenchSide:
         return m["loss"]
 
 
-def worker(side: str, preset: str, precision: str, batch: int, total_steps: int, compile_: bool) -> None:
+def worker(side: str, preset: str, precision: str, batch: int, total_steps: int, device: str) -> None:
     """Line protocol on stdin/stdout: prints a ready line, then answers `run K` with K timed steps, `quit` ends."""
     cfg = get_config(preset)
     lr = default_learning_rate(cfg)
     t0 = time.perf_counter()
-    s = (TorchSide(cfg, precision, batch, total_steps, lr, compile_) if side == "torch"
-         else WorkbenchSide(cfg, precision, batch, total_steps, lr))
+    s = (TorchSide(cfg, precision, batch, total_steps, lr, side == "torch-compile", device=device)
+         if side.startswith("torch") else WorkbenchSide(cfg, precision, batch, total_steps, lr))
     first = float(s.step())  # compiles (workbench) / warms the allocator (torch); untimed
     print(json.dumps({"ready": True, "params": s.params, "setup_s": time.perf_counter() - t0, "loss_first": first}),
           flush=True)
@@ -215,9 +219,11 @@ def worker(side: str, preset: str, precision: str, batch: int, total_steps: int,
 
 def _start(side, a, precision):
     cmd = [sys.executable, "-m", "benchmarks.peer", "--worker", side, "--preset", a.preset, "--precision", precision,
-           "--batch", str(a.batch), "--total-steps", str(a.total_steps)] + (["--compile"] if a.compile else [])
+           "--batch", str(a.batch), "--total-steps", str(a.total_steps), "--device", a.device]
     env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("JAX_PLATFORMS", "cuda" if a.device == "cuda" else "cpu")
+    if a.device == "cuda":  # the sides share one GPU, one at a time: JAX takes what it needs, not 75 % up front
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                             cwd=os.path.dirname(HERE))
 
@@ -232,15 +238,19 @@ def _ask(p, line=None) -> dict:
     return json.loads(out)
 
 
-def mfu_ceilings(precisions) -> dict[str, dict[str, float | None]]:
-    """Per precision: the host's measured XLA ceiling (`workbench calibrate`, the faster dot form) and its physical
-    peak (cores x FLOP/cycle x clock, from the CPU's features) for the dtype the precision's dots run in."""
+def mfu_ceilings(precisions, device: str = "cpu", gpu: str | None = None) -> dict[str, dict[str, float | None]]:
+    """Per precision: on a CPU, the host's measured XLA ceiling (`workbench calibrate`, the faster dot form) and its
+    physical peak (cores x FLOP/cycle x clock, from the CPU's features); on a GPU, the catalogue chip's dense peak
+    (as 'physical') for the dtype the precision's dots run in."""
+    dts = {p: matmul_format(get_policy(p))["peak_dtype"] for p in precisions}
+    if device == "cuda":
+        chip = chip_for(gpu or "")
+        return {p: {"physical": chip.peak(dt)} for p, dt in dts.items()} if chip is not None else {}
     try:
         spec = get_spec("host")
     except WorkbenchError as e:  # no calibration and none could be made: MFU is left out, not guessed
         print(f"peer: no host calibration ({e}); MFU left out", file=sys.stderr)
         return {}
-    dts = {p: matmul_format(get_policy(p))["peak_dtype"] for p in precisions}
     return {p: {"measured": spec.peak(dt), "physical": spec.physical_peak(dt)} for p, dt in dts.items()}
 
 
@@ -260,7 +270,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
     ap.add_argument("--total-steps", type=int, default=1000, help="the schedule's length (both sides)")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the PyTorch model")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the PyTorch model (same as --torch compile)")
+    ap.add_argument("--torch", default=None, help="PyTorch sides, comma-separated: eager, compile (default eager)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="where both sides run: auto (cuda when PyTorch sees a GPU), cpu, cuda")
     ap.add_argument("--tiny", action="store_true", help="quick self-check: tiny preset, 2 rounds of 2 steps")
     ap.add_argument("--out", default="reports/peer.json")
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
@@ -276,14 +289,20 @@ def main(argv=None):
     if torch is None:
         print(torch_missing_message(), file=sys.stderr)
         return None
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.worker:
-        return worker(a.worker, a.preset, a.precision, a.batch, a.total_steps, a.compile)
+        return worker(a.worker, a.preset, a.precision, a.batch, a.total_steps, a.device)
+    modes = [m.strip() for m in (a.torch or ("compile" if a.compile else "eager")).split(",") if m.strip()]
+    if not modes or set(modes) - {"eager", "compile"}:
+        ap.error(f"--torch takes eager, compile or both, got {a.torch!r}")
+    sides = ("workbench",) + tuple("torch" if m == "eager" else "torch-compile" for m in modes)
 
     cfg = get_config(a.preset)
     TorchGPT(cfg)  # a config the PyTorch peer cannot build fails here, before any worker starts
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
-    keys = [(p, s) for p in precisions for s in SIDES]
+    keys = [(p, s) for p in precisions for s in sides]
     procs = {k: _start(k[1], a, k[0]) for k in keys}
     try:
         ready = {}
@@ -313,7 +332,8 @@ def main(argv=None):
     tokens = a.batch * cfg.seq_len
     feat = cpu_features()
     out = {"preset": a.preset, "batch": a.batch, "seq_len": cfg.seq_len, "tokens_per_step": tokens,
-           "rounds": a.rounds, "steps_per_round": a.steps, "torch_compile": a.compile,
+           "rounds": a.rounds, "steps_per_round": a.steps, "torch_compile": "compile" in modes, "sides": list(sides),
+           "device": a.device, "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "cpu": feat["model"], "cores": feat["cores"], "bf16_isa": bf16_isa(feat["flags"]),
            "load_average_before": load_before, "load_average_after": load_after,
@@ -321,22 +341,24 @@ def main(argv=None):
            "precisions": {}}
     model_flops = analytics(cfg, cfg.seq_len)["train_flops_per_token"] * tokens
     out["model_flops_per_step"] = model_flops
-    ceilings = mfu_ceilings(precisions)
+    ceilings = mfu_ceilings(precisions, a.device, out["gpu"])
     for p in precisions:
-        sides = {s: summarize_side(times[(p, s)], tokens, ready[(p, s)], last[(p, s)]) for s in SIDES}
-        for s in SIDES:  # the same model on both sides: one flop count, each side's own step time
+        res = {s: summarize_side(times[(p, s)], tokens, ready[(p, s)], last[(p, s)]) for s in sides}
+        for s in sides:  # the same model on every side: one flop count, each side's own step time
             for kind, peak in ceilings.get(p, {}).items():
-                sides[s][f"mfu_{kind}"] = model_flops / sides[s]["step_s"] / peak if peak else None
-        sides["ratio_tokens_per_s"] = sides["workbench"]["tokens_per_s"] / sides["torch"]["tokens_per_s"]
-        sides["ceilings_flops_per_s"] = ceilings.get(p, {})
-        out["precisions"][p] = sides
+                res[s][f"mfu_{kind}"] = model_flops / res[s]["step_s"] / peak if peak else None
+        res["ratios_tokens_per_s"] = {s: res["workbench"]["tokens_per_s"] / res[s]["tokens_per_s"] for s in sides[1:]}
+        best = max(sides[1:], key=lambda s: res[s]["tokens_per_s"])  # the faster PyTorch side is the bar to meet
+        res["ratio_tokens_per_s"], res["ratio_against"] = res["ratios_tokens_per_s"][best], best
+        res["ceilings_flops_per_s"] = ceilings.get(p, {})
+        out["precisions"][p] = res
     if "float32" in out["precisions"] and "bf16" in out["precisions"]:
         out["bf16_step_over_float32"] = {s: out["precisions"]["bf16"][s]["step_s"] /
-                                         out["precisions"]["float32"][s]["step_s"] for s in SIDES}
+                                         out["precisions"]["float32"][s]["step_s"] for s in sides}
     store = Store()
     for p, v in out["precisions"].items():
         store.append(make_record("peer", {"preset": a.preset, "batch": a.batch, "precision": p,
-                                          "torch_compile": a.compile},
+                                          "torch_compile": "compile" in modes, "device": a.device},
                                  extra={k: v for k, v in out.items() if k != "precisions"} | {"result": v}))
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
@@ -345,13 +367,15 @@ def main(argv=None):
     print(f"{'precision':>9} {'workbench s/step':>16} {'PyTorch s/step':>14} {'tokens/s ratio':>14} "
           f"{'MFU measured (wb / pt)':>22} {'MFU physical (wb / pt)':>22}")
 
-    def pair(v, key):
-        a, b = v["workbench"].get(key), v["torch"].get(key)
+    def pair(v, key, side):
+        a, b = v["workbench"].get(key), v[side].get(key)
         return f"{a:.0%} / {b:.0%}" if a is not None and b is not None else "—"
 
     for p, v in out["precisions"].items():
-        print(f"{p:>9} {v['workbench']['step_s']:>16.3f} {v['torch']['step_s']:>14.3f} {v['ratio_tokens_per_s']:>13.2f}× "
-              f"{pair(v, 'mfu_measured'):>22} {pair(v, 'mfu_physical'):>22}")
+        for side in sides[1:]:
+            print(f"{p:>9} {v['workbench']['step_s']:>16.4f} {v[side]['step_s']:>14.4f} "
+                  f"{v['ratios_tokens_per_s'][side]:>13.2f}× {pair(v, 'mfu_measured', side):>22} "
+                  f"{pair(v, 'mfu_physical', side):>22}  ({side})")
     if "bf16_step_over_float32" in out:
         print("bf16 step / float32 step: " + ", ".join(f"{s} {r:.2f}" for s, r in out["bf16_step_over_float32"].items()))
     if out["contended"]:

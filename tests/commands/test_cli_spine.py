@@ -116,15 +116,21 @@ def test_demo_tiny_writes_report(env, tmp_path):
 
 
 def test_gpu_check_script_tiny_on_cpu(env, tmp_path):
-    # as on a GPU host: from the source tree's root, `-m` (nothing installed needed but jax)
+    # as on a GPU host: from the source tree's root, `-m` (nothing installed needed but jax); each section in a
+    # process of its own, the results merged into one summary, the artifacts packed for the device tool
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny", str(tmp_path)],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["calibration"]["matmul_bfloat16"]["flops_per_s"] > 0
-    assert all("failed" not in row for row in summary["ops"]), summary["ops"]
-    assert (tmp_path / "table.md").exists() and (tmp_path / "results.jsonl").exists()
-    tiling = summary["sections"]["benchmarks.gpu_tiling"]
+    sections = json.loads((tmp_path / "summary.json").read_text())["sections"]
+    assert sections["calibrate"]["matmul"]["bfloat16"]["flops_per_s"] > 0
+    assert all("failed" not in row for row in sections["ops"]["ops"]), sections["ops"]
+    progs = sections["programs"]["programs"]
+    assert len(progs) >= 4 and all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in progs), progs
+    assert progs[0]["kernel_trace"]["kernel_events"] > 0  # the first program traced kernel by kernel
+    assert sections["run"]["platform"] == "cpu" and sections["run"]["step_s"] > 0
+    assert (tmp_path / "table.md").exists() and (tmp_path / "artifacts.tar.gz").exists()
+    assert len(list((tmp_path / "hlo").glob("*.txt.gz"))) == len(progs)  # the compiled programs, kept to re-read
+    tiling = sections["tiling"]
     assert "failed" not in tiling, tiling
     assert all(p["measured_s"] > 0 for p in tiling["sawtooth"]) and tiling["search"]["top"]
 
