@@ -17,6 +17,11 @@ STAMP := $(VENV)/.installed-$(PYVER)
 # on a 2-core host nearly halve it. More only where there are cores and memory for them (each worker holds 8
 # simulated devices and its compiles): `make test TEST_JOBS=4`; `TEST_JOBS=0` runs in one process.
 TEST_JOBS ?= 2
+# CUDA=1: also the JAX CUDA plugin matching the pinned jaxlib and the CUDA wheels it loads (requirements-cuda.lock,
+# ~4.9 GB): programs then run on the host's NVIDIA GPU, and GPU targets compile with deviceless XLA:GPU anywhere
+CUDA ?= 0
+CUDA_STAMP := $(VENV)/.cuda-$(PYVER)
+EXTRA_STAMPS := $(if $(filter 1,$(CUDA)),$(CUDA_STAMP))
 # the short subset CI runs on the second Python (a few minutes): the version layer, costs, HLO reading, the
 # roofline, partitioning, targets, the results store
 SMOKE := tests/test_compat.py tests/cost/test_report.py tests/cost/test_hlo.py tests/roofline/test_prediction.py \
@@ -38,13 +43,18 @@ $(STAMP): $(LOCK) pyproject.toml
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
+$(CUDA_STAMP): $(STAMP) requirements-cuda.lock
+	@if [ "$(PYVER)" = 3.11 ]; then $(PY) -m pip install -q -e '.[gpu-aot]'; \
+		else $(PY) -m pip install -q -r requirements-cuda.lock; fi
+	touch $(CUDA_STAMP)
+
 python:
 	@echo "$(PYTHON) (Python $(PYVER)) -> $(VENV), $(LOCK)"
 
-demo: $(STAMP)
+demo: $(STAMP) $(EXTRA_STAMPS)
 	$(VENV)/bin/workbench demo
 
-test: $(STAMP)
+test: $(STAMP) $(EXTRA_STAMPS)
 	$(PY) -m pytest -n $(TEST_JOBS)
 
 smoke: $(STAMP)
