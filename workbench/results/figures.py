@@ -209,15 +209,20 @@ def peer_chart(result: dict, path: str) -> str:
     import matplotlib.pyplot as plt
 
     precs = list(result["precisions"])
-    fig, ax = plt.subplots(figsize=(max(4.5, 2.2 * len(precs) + 1.5), 4.2), dpi=120)
-    w = 0.38
-    for j, (side, label, color) in enumerate((("workbench", "workbench (JAX/XLA)", "tab:blue"),
-                                             ("torch", f"PyTorch {result.get('torch', '')}", "tab:orange"))):
+    sides = result.get("sides") or ["workbench", "torch"]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(sides) * len(precs) + 1.5), 4.2), dpi=120)
+    w = 0.76 / len(sides)
+    labels = {"workbench": ("workbench (JAX/XLA)", "tab:blue"),
+              "torch": (f"PyTorch {result.get('torch', '')}" + (" eager" if "torch-compile" in sides else ""),
+                        "tab:orange"),
+              "torch-compile": (f"PyTorch {result.get('torch', '')} torch.compile", "tab:red")}
+    for j, side in enumerate(sides):
+        label, color = labels[side]
         vals = [result["precisions"][p][side]["tokens_per_s"] for p in precs]
-        ax.bar([i + (j - 0.5) * w for i in range(len(precs))], vals, w, label=label, color=color)
+        ax.bar([i + (j - (len(sides) - 1) / 2) * w for i in range(len(precs))], vals, w, label=label, color=color)
     for i, p in enumerate(precs):
         v = result["precisions"][p]
-        top = max(v["workbench"]["tokens_per_s"], v["torch"]["tokens_per_s"])
+        top = max(v[s]["tokens_per_s"] for s in sides)
         ax.text(i, top * 1.03, f"{v['ratio_tokens_per_s']:.2f}×", ha="center", fontsize=9)
         for kind, style in (("physical", "-"), ("measured", ":")):  # tokens/s were every flop at that ceiling
             peak = (v.get("ceilings_flops_per_s") or {}).get(kind)
@@ -228,7 +233,9 @@ def peer_chart(result: dict, path: str) -> str:
     ax.set_xticks(range(len(precs)), precs)
     ax.set_ylabel("tokens/s (median step)")
     note = " — contended: void for reporting" if result.get("contended") else ""
-    ax.set_title(f"{result['preset']}, batch {result['batch']}×{result['seq_len']}, one process each, alternating{note}",
+    where = f" on {result['gpu']}" if result.get("gpu") else ""
+    ax.set_title(f"{result['preset']}, batch {result['batch']}×{result['seq_len']}{where}, one process each, "
+                 f"alternating; ratio: workbench / fastest PyTorch{note}",
                  fontsize=8)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
