@@ -17,8 +17,10 @@ STAMP := $(VENV)/.installed-$(PYVER)
 # on a 2-core host nearly halve it. More only where there are cores and memory for them (each worker holds 8
 # simulated devices and its compiles): `make test TEST_JOBS=4`; `TEST_JOBS=0` runs in one process.
 TEST_JOBS ?= 2
-# CUDA=1: also the JAX CUDA plugin matching the pinned jaxlib and the CUDA wheels it loads (requirements-cuda.lock,
-# ~4.9 GB): programs then run on the host's NVIDIA GPU, and GPU targets compile with deviceless XLA:GPU anywhere
+# The lock (Python >= 3.12) holds the JAX CUDA plugin of the pinned jaxlib and cuDNN, without CUDA's other libraries
+# (~1.6 GB; installed --no-deps, the lock being complete, since cuDNN's wheel would pull cuBLAS): XLA:GPU then compiles
+# GPU targets deviceless on any host, cuDNN's fused attention included. CUDA=1 adds the CUDA wheels the plugin loads
+# to run on an NVIDIA GPU (requirements-cuda.lock, ~3.3 GB more)
 CUDA ?= 0
 CUDA_STAMP := $(VENV)/.cuda-$(PYVER)
 EXTRA_STAMPS := $(if $(filter 1,$(CUDA)),$(CUDA_STAMP))
@@ -38,7 +40,7 @@ $(STAMP): $(LOCK) pyproject.toml
 		echo "$(VENV) was made by another Python: rebuilding it with $(PYTHON) ($(PYVER))"; rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q $(if $(filter 3.11,$(PYVER)),,--no-deps) -r $(LOCK)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)

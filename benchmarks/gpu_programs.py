@@ -25,6 +25,17 @@ import sys
 import time
 import traceback
 
+from models.precision import get_policy
+from partitioning import topology as topo
+from partitioning.rules import get_rules
+from workbench import compat
+from workbench.measure.harness import measure_steps, random_inputs
+from workbench.measure.kernels import KernelTrace, events_from_trace, join, trace_events
+from workbench.programs import train
+from workbench.programs.predict import PredictSpec, build_inference_step, lower, predict, predict_lowered, target_spec
+from workbench.roofline import prediction as roofline
+from workbench.roofline.pricing import priced_dtype
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOST_PREDICTIONS = os.path.join(HERE, "data", "gpu_host_predictions.json")
 TARGET = "h200:1"
@@ -54,8 +65,6 @@ TINY_PROGRAMS = {
 
 
 def predict_spec(fields: dict, gpu_compiler: str = "auto"):
-    from workbench.programs.predict import PredictSpec
-
     return PredictSpec(target=TARGET, strategy="dp", mesh="data=1", gpu_compiler=gpu_compiler, **fields)
 
 
@@ -63,12 +72,6 @@ def _concrete_inputs(lw):
     """(make_step(program) -> step(i) returning what to block on, the concrete first inputs, the jitted function)
     of a lowered spec: a training step threads its state (initialised as `workbench run` does); inference threads
     its donated cache (random weights and cache: the time does not depend on their values)."""
-    from models.precision import get_policy
-    from partitioning.rules import get_rules
-    from workbench.measure.harness import random_inputs
-    from workbench.programs import train
-    from workbench.programs.predict import build_inference_step
-
     spec = lw.spec
     policy = get_policy(spec.policy)
     if spec.mode == "train":
@@ -118,15 +121,8 @@ def run_on_device(name: str, fields: dict, *, cal_spec=None, out_dir: str | None
     """Compile `fields` on this process's first device, predict it (catalogue and calibrated), measure it."""
     import jax
 
-    from workbench.measure.harness import measure_steps
-    from workbench.programs.predict import predict_lowered
-    from workbench.roofline import prediction as roofline
-    from workbench.roofline.pricing import priced_dtype
-
     dev = jax.devices()[0]
     spec = predict_spec(fields)
-    from workbench.programs.predict import lower
-
     phases = {}
     t0 = time.perf_counter()
     lw = lower(spec, devices=[dev], precheck=False)
@@ -149,8 +145,6 @@ def run_on_device(name: str, fields: dict, *, cal_spec=None, out_dir: str | None
         slug = "".join(c if c.isalnum() else "-" for c in name)
         with gzip.open(os.path.join(out_dir, "hlo", f"{slug}.txt.gz"), "wt") as f:
             f.write(hlo_text)
-        from workbench import compat
-
         ca, _ = compat.cost_analysis(compiled)
         mem, _ = compat.memory_analysis(compiled)
         with open(os.path.join(out_dir, "hlo", f"{slug}.json"), "w") as f:
@@ -193,8 +187,6 @@ def run_on_device(name: str, fields: dict, *, cal_spec=None, out_dir: str | None
 def _trace(step, hlo_text: str, tp, name: str, out_dir: str | None) -> dict:
     """Per-kernel truth: one traced step joined with the HLO (workbench.measure.kernels), and the trace's complete
     events kept (gzipped JSON beside the HLO) for readers the join does not know yet."""
-    from workbench.measure.kernels import KernelTrace, events_from_trace, join, trace_events
-
     try:
         raw, walls = trace_events(step, steps=2, warmup=1)
         out = {"events": len(raw), "walls_s": walls}
@@ -215,9 +207,6 @@ def _trace(step, hlo_text: str, tp, name: str, out_dir: str | None) -> dict:
 
 
 def _spec_of(tp):
-    from partitioning import topology as topo
-    from workbench.programs.predict import target_spec
-
     return target_spec(topo.parse_target(tp.record["target"]))
 
 
@@ -291,8 +280,6 @@ def predict_host(only: str | None = None) -> dict:
     import datetime
 
     import jax
-
-    from workbench.programs.predict import predict
 
     try:
         with open(HOST_PREDICTIONS) as f:

@@ -18,6 +18,10 @@ ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
 REMATS = ("none", "per-layer", "dots", "minimal", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
+# self-attention: 'dot' (the model's own einsums, the S x S scores written), 'xla' / 'cudnn' (jax.nn.dot_product_attention
+# with that implementation; cuDNN's fused flash attention on NVIDIA GPUs), 'auto' (cudnn where the program is
+# compiled for GPUs in bf16/fp16 and cuDNN takes the head size, else dot: resolve_attention)
+ATTENTIONS = ("auto", "dot", "xla", "cudnn")
 GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul (models/kernels/grouped.py)
 # moe_gmm=auto per platform, measured with `workbench moe gmm` (docs/moe.md): the form whose compiled flops are
 # closest to the useful work
@@ -76,6 +80,7 @@ class ModelConfig:
     # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per
     # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).
     scan_layers: bool = False
+    attention: str = "auto"  # ATTENTIONS; resolved per platform when a program is built (resolve_attention)
 
     def __post_init__(self):
         # resolve the derived defaults first (frozen: object.__setattr__)
@@ -101,6 +106,8 @@ class ModelConfig:
                               ("router_score", ROUTER_SCORES), ("remat", REMATS)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.attention not in ATTENTIONS:
+            raise WorkbenchError(f"model config attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.moe_gmm not in GMM_IMPLS:
             raise WorkbenchError(f"model config moe_gmm={self.moe_gmm!r} is not one of {', '.join(GMM_IMPLS)}")
         if self.n_shared_experts < 0 or (self.n_shared_experts and not self.n_experts):
@@ -193,3 +200,21 @@ def parse_overrides(overrides: dict | str | None) -> dict:
         _check_keys({k: None})
         out[k] = _parse_value(k, v)
     return out
+
+
+def resolve_attention(cfg: "ModelConfig", platform: str, compute_dtype) -> "ModelConfig":
+    """`cfg` with attention='auto' made concrete for a program compiled for `platform` ('cpu' | 'gpu' | 'tpu', or
+    JAX's 'cuda'/'rocm') in `compute_dtype`: cuDNN's fused attention on NVIDIA GPUs when the operands are bf16 or fp16
+    and the head size is a multiple of 8 up to 128 (what its flash kernels take), the model's own dot attention
+    otherwise. An explicit choice is kept; 'cudnn' elsewhere than a GPU is a one-line error."""
+    import numpy as np
+
+    narrow = np.dtype(compute_dtype).name in ("bfloat16", "float16")
+    gpu = platform in ("gpu", "cuda")
+    if cfg.attention == "cudnn" and not (gpu and narrow):
+        raise WorkbenchError("attention=cudnn needs a program for NVIDIA GPUs in bf16 or fp16 (cuDNN's fused attention); "
+                             f"this one is for {platform} in {np.dtype(compute_dtype).name}: use attention=dot or xla")
+    if cfg.attention != "auto":
+        return cfg
+    fits = cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
+    return cfg.replace(attention="cudnn" if gpu and narrow and fits else "dot")

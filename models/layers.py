@@ -148,6 +148,10 @@ class Attention(nnx.Module):
     def __call__(self, x_btd, positions_bt):
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
         t = x_btd.shape[1]
+        if self.cfg.attention in ("xla", "cudnn"):  # one fused kernel (cuDNN's flash attention): no S x S in memory
+            o_btnh = jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, is_causal=True,
+                                                  implementation=self.cfg.attention)
+            return self.out(o_btnh.astype(q_btnh.dtype))
         causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
         o_btnh = self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None], causal_blocks=self.causal_blocks(t))
         return self.out(o_btnh)

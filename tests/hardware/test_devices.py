@@ -38,12 +38,27 @@ def _choose(code: str, env: dict) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_a_cpu_host_runs_on_the_cpu_and_says_so():
+def test_a_cpu_host_runs_on_the_cpu_quietly_and_records_it():
     r = _choose("from workbench.hardware.devices import select_platform, device_info; "
                 "p = select_platform('auto'); print(p, device_info()['platform'])", {})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["cpu", "cpu"]
-    assert "workbench: platform cpu" in r.stderr and "--platform cpu" in r.stderr
+    assert "workbench: platform" not in r.stderr  # bad input still reads as one line on a CPU host
+
+
+def test_an_accelerator_chosen_is_said_on_stderr(monkeypatch, capsys):
+    """What select_platform says when it sends programs to a GPU (the JAX platform itself is not switched here:
+    this process already runs on the CPU)."""
+    monkeypatch.setattr(devices, "_backends_started", lambda: False)
+    monkeypatch.setattr(devices, "detect_accelerator", lambda: ("gpu", "an NVIDIA GPU and the JAX CUDA plugin"))
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(devices, "_chosen", {})
+    import jax
+
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    assert devices.select_platform("auto") == "gpu"
+    err = capsys.readouterr().err
+    assert err.startswith("workbench: platform gpu (an NVIDIA GPU and the JAX CUDA plugin") and "--platform cpu" in err
 
 
 def test_jax_platforms_wins_and_devices_imply_the_cpu():
@@ -98,3 +113,23 @@ def test_the_device_calibration_lays_its_ceilings_over_the_catalogue_chip():
     assert s.hbm_bw == cal["stream"]["bytes_per_s"]
     small, big = cal["matmul_curve_bfloat16"][0], cal["matmul_curve_bfloat16"][-1]
     assert s.matmul_rate(small[0], "bfloat16") <= s.matmul_rate(big[0], "bfloat16")
+
+
+def test_an_all_reduce_over_the_devices_becomes_the_calibrated_interconnect():
+    """Several devices: the all-reduce's bus bandwidth (2(n-1)/n x bytes per device / time) spread over the chip's
+    links, and its per-ring-step latency, replace the catalogue's interconnect figures (here on the 8 simulated CPU
+    devices, at the quick size: the mechanics, not a CPU's links)."""
+    import jax
+
+    from workbench.measure.device import _all_reduce
+
+    ar = _all_reduce(jax.devices(), quick=True)
+    n = len(jax.devices())
+    assert ar["devices"] == n and ar["large"]["seconds"] > 0 and ar["small"]["seconds"] > 0
+    assert ar["bus_bytes_per_s"] == pytest.approx(2 * (n - 1) / n * ar["large"]["bytes_per_device"]
+                                                  / ar["large"]["seconds"])
+    chip = chip_for("NVIDIA H100 80GB HBM3")
+    s = calibrated_spec(chip, {"key": {"device_kind": "NVIDIA H100 80GB HBM3"}, "matmul": {},
+                               "stream": {"bytes_per_s": 3e12}, "all_reduce": ar})
+    assert s.interconnect.per_chip_bw == pytest.approx(ar["bus_bytes_per_s"])
+    assert s.interconnect.latency_s == ar["latency_per_step_s"] and s.interconnect.kind == chip.interconnect.kind

@@ -4,10 +4,12 @@ its group; bad checkpoint directories are one-line errors (exit 2) that change n
 kills."""
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -26,14 +28,51 @@ BASE = ("run", "--preset", "tiny", "--strategy", "fsdp", "--mesh", "data=8", "--
 STEPS = 8
 
 
+TAIL = 3000  # characters of a child's output shown when it fails
+
+
+def _text(x) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+
+def _process_logs(tmpdir: str) -> str:
+    """The stderr of a group's other processes (`--processes N` keeps each in TMPDIR/workbench-p<i>-*.log; they
+    outlive a launcher killed by the timeout, and are named in its message only when it could still write one)."""
+    out = []
+    for name in sorted(os.listdir(tmpdir)) if os.path.isdir(tmpdir) else ():
+        if name.startswith("workbench-p") and name.endswith(".log"):
+            with open(os.path.join(tmpdir, name), errors="replace") as f:
+                out.append(f"--- {name} (last {TAIL} characters) ---\n{f.read()[-TAIL:]}")
+    return "\n".join(out)
+
+
+def _output(stdout, stderr, logs: str) -> str:
+    parts = [(f"--- {name} (last {TAIL} characters) ---\n{_text(x)[-TAIL:]}") for name, x in
+             (("stderr", stderr), ("stdout", stdout)) if _text(x).strip()]
+    return "\n".join(parts + ([logs] if logs else [])) or "(no output)"
+
+
 def wb(*args, env=None, timeout=300):
-    e = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "workbench", *args], env=e, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    """`python -m workbench ARGS`; a run past `timeout` fails the test with the last output of every process (the
+    command's own stderr and stdout, and the other processes' logs of a `--processes N` group), not a bare timeout.
+    The result's `.output` holds the same for assertion messages."""
+    tmpdir = tempfile.mkdtemp(prefix="wb-test-")  # the group's process logs land here (TMPDIR), found on failure
+    e = dict(os.environ, JAX_PLATFORMS="cpu", TMPDIR=tmpdir, **(env or {}))
+    try:
+        r = subprocess.run([sys.executable, "-m", "workbench", *args], env=e, cwd=ROOT, capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as x:
+        out = _output(x.stdout, x.stderr, _process_logs(tmpdir))
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        pytest.fail(f"`workbench {' '.join(args)}` ran past its {timeout} s timeout and was killed\n{out}",
+                    pytrace=False)
+    r.output = _output(r.stdout, r.stderr, _process_logs(tmpdir) if r.returncode else "")
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return r
 
 
 def json_of(r):
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.output
     return json.loads(r.stdout)
 
 
@@ -82,14 +121,14 @@ def test_kill_mid_save_and_mid_run_then_resume(tmp_path, env, reference):
     d = str(tmp_path / "ckpt")
     args = (*BASE, "--steps", str(STEPS), "--checkpoint-dir", d, "--checkpoint-every", "2", "--json")
     r = wb(*args, env={**env, "WORKBENCH_FAULT": "in-save:4"})
-    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert r.returncode == -signal.SIGKILL, r.output
     assert complete_steps(d) == [2]
     assert any(n.startswith("4.") for n in os.listdir(d)), os.listdir(d)  # the unfinished save of step 4
 
     r = wb(*args, "--resume", "--processes", "2",
            env={**env, "WORKBENCH_FAULT": "after-step:5", "WORKBENCH_FAULT_PROCESS": "1"})
-    assert r.returncode != 0
-    assert "process 1 of 2 was killed by SIGKILL" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0, r.output
+    assert "process 1 of 2 was killed by SIGKILL" in r.stderr, r.output
     assert max(complete_steps(d)) >= 2 and all(s <= 5 for s in complete_steps(d))
 
     r = json_of(wb(*args, "--resume", env=env))
@@ -179,10 +218,17 @@ def test_results_store_survives_sigkill(tmp_path):
             if i == 20:
                 print("ready", flush=True)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert p.stdout.readline().strip() == "ready"
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=e, text=True, cwd=ROOT)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 120)  # the child's "ready", or fail with its last words
+        line = p.stdout.readline() if ready else ""
+        assert line.strip() == "ready", (f"no 'ready' from the appending child within 120 s (got {line!r}); its "
+                                         f"stderr: {err.read_text(errors='replace')[-TAIL:]}")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
     recs = Store(str(path)).records()
     assert len(recs) >= 20 and [r["i"] for r in recs] == list(range(len(recs)))
     Store(str(path)).append({"kind": "k", "i": -1})

@@ -125,7 +125,8 @@ def register(app: typer.Typer) -> None:
                 sys.exit(rc)  # process 0 failed and said why
             return
         group = dist.join(devices, coordinator=coordinator, num_processes=num_processes, process_id=process_id,
-                          distributed=distributed, platform=platform)  # before anything touches jax devices
+                          distributed=distributed, platform=platform,
+                          host_ceiling=hardware is None)  # before anything touches jax devices
         n = group.global_devices
 
         from partitioning.mesh import make_mesh

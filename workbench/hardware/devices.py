@@ -79,7 +79,8 @@ def select_platform(choice: str | None = "auto", *, simulated_devices: int | Non
 
     choice 'auto': the accelerator this host has (detect_accelerator), else the CPU; 'cpu' simulates on the host.
     simulated_devices (--devices N) implies the CPU. JAX_PLATFORMS, when set, wins. Once JAX has started the
-    platform is what it started with. The choice is printed once on stderr (quiet=False)."""
+    platform is what it started with. An accelerator chosen (or found but unusable) is said once on stderr
+    (quiet=False); a CPU host stays quiet, and every record stores the platform."""
     import sys
 
     import jax
@@ -104,7 +105,9 @@ def select_platform(choice: str | None = "auto", *, simulated_devices: int | Non
         platform = platform or "cpu"
     if not env:
         jax.config.update("jax_platforms", _JAX_NAMES[platform])
-    if platform != _chosen.get("platform") and not quiet:
+    # said where it matters: programs go to an accelerator, or one is here but cannot be used (no plugin); a plain CPU
+    # host stays quiet (the record says cpu either way)
+    if platform != _chosen.get("platform") and not quiet and (platform != "cpu" or "but no" in why):
         print(f"workbench: platform {platform} ({why}; --platform cpu simulates on the host)", file=sys.stderr)
     _chosen.update(platform=platform, why=why)
     return platform

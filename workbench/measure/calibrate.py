@@ -332,7 +332,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
                            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                            "jax": jax.__version__, "backend": jax.default_backend(),
                            "devices": len(jax.devices()), "findings": []}
-    dev = jax.devices()[0]
+    dev = jax.local_devices()[0]  # this process's own (in a process group, devices()[0] may be another's)
     llc = feat["llc_bytes"] or 32 * 2**20
     nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
     nel = nbytes // 4

@@ -22,10 +22,12 @@ import re
 import sys
 import time
 
+from partitioning.mesh import make_mesh
+from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import device_info
 from workbench.hardware.spec import HardwareSpec, Source, catalogue, resolve_name
-from workbench.measure.calibrate import cache_dir, measure_kernel_launch
+from workbench.measure.calibrate import cache_dir, get_spec, measure_kernel_launch
 from workbench.measure.harness import measure, measure_steps, random_inputs
 
 DEVICE_CALIBRATION_VERSION = 2  # 2: the rate against size timed inside one program
@@ -115,6 +117,33 @@ def _stream(dev, nel: int, quick: bool) -> dict:
             "counted": "bytes read + bytes written (x*a + b, donated)"}
 
 
+def _all_reduce(devices, quick: bool) -> dict:
+    """An all-reduce over every device (psum in shard_map), at a size that fills the links (256 MiB per device) and
+    at one float (its latency): the bus bandwidth per device in NCCL's convention, 2(n-1)/n x bytes / time, is what
+    a ring all-reduce moves through each device's links; the latency per ring step is the small one's time over its
+    2(n-1) steps."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = make_mesh({"data": n}, devices=list(devices))
+    out = {"devices": n}
+    for label, per_device in (("large", (1 << 12) if quick else (1 << 26)), ("small", 1)):
+        f = jax.jit(compat.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data"),
+                                     out_specs=P("data")))
+        x = jax.device_put(jnp.ones((n * per_device,), jnp.float32), NamedSharding(mesh, P("data")))
+        m = measure(f.lower(x).compile(), x, warmup=2, repeats=5 if quick else 10)
+        out[label] = {"bytes_per_device": per_device * 4, "seconds": m.median_s}
+    steps = 2 * (n - 1)
+    out["bus_bytes_per_s"] = steps / n * out["large"]["bytes_per_device"] / out["large"]["seconds"]
+    out["latency_per_step_s"] = out["small"]["seconds"] / steps
+    out["how"] = ("psum over all devices: bus bandwidth 2(n-1)/n x bytes per device / time (256 MiB per device); "
+                  "latency: one float's all-reduce / its 2(n-1) ring steps")
+    return out
+
+
 def calibrate_device(*, quick: bool = False, quiet: bool = False) -> dict:
     """Measure the first device JAX runs on (see the module docstring); quick: small sizes (seconds; tests)."""
     import jax
@@ -144,6 +173,9 @@ def calibrate_device(*, quick: bool = False, quiet: bool = False) -> dict:
     out["stream"] = _stream(dev, nel, quick)
     _say("calibrate: per-kernel launch cost", quiet)
     out["kernel_launch"] = measure_kernel_launch(dev, reps=5 if quick else 9)
+    if len(jax.devices()) > 1 and dev.platform != "cpu":  # simulated CPU devices have the host calibration's model
+        _say(f"calibrate: all-reduce over {len(jax.devices())} devices", quiet)
+        out["all_reduce"] = _all_reduce(jax.devices(), quick)
     chip = chip_for(dev.device_kind, warn=False)
     if chip is not None:
         out["catalogue_chip"] = chip.name
@@ -191,15 +223,20 @@ def load_or_calibrate_device(*, force: bool = False, quick: bool = False, quiet:
 
 def calibrated_spec(spec: HardwareSpec, cal: dict) -> HardwareSpec:
     """`spec` (the catalogue chip) with this device's measured ceilings laid over it: the matmul rate per dtype
-    measured, the bfloat16 rate against size, the stream bandwidth and the per-kernel launch cost."""
+    measured, the bfloat16 rate against size, the stream bandwidth, the per-kernel launch cost and, where several
+    devices were measured, the all-reduce's bus bandwidth and latency as the interconnect's."""
     peaks = dict(spec.peak_flops)
     for dt, v in cal.get("matmul", {}).items():
         peaks[dt] = v["flops_per_s"]
     src = Source(f"measured on this device ({cal['key']['device_kind']}, {cal['key'].get('platform_version')}) "
                  "by workbench calibrate", cal.get("time", "")[:10])
     curve = tuple((float(n), float(r)) for n, r in cal.get("matmul_curve_bfloat16") or ())
+    ic = spec.interconnect
+    ar = cal.get("all_reduce")
+    if ar and ic.links:  # the measured bus bandwidth spread over the chip's links, the ring step's latency
+        ic = dataclasses.replace(ic, link_bw=ar["bus_bytes_per_s"] / ic.links, latency_s=ar["latency_per_step_s"])
     return dataclasses.replace(
-        spec, name=f"{spec.name}-calibrated", peak_flops=peaks, hbm_bw=cal["stream"]["bytes_per_s"],
+        spec, name=f"{spec.name}-calibrated", peak_flops=peaks, hbm_bw=cal["stream"]["bytes_per_s"], interconnect=ic,
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
         matmul_curves=(("bfloat16", curve),) if curve else None,
         sources={**spec.sources, "peak_flops": src, "hbm_bw": src})
@@ -210,8 +247,6 @@ def local_spec(hardware: str | None = None, *, calibrated: bool = False) -> Hard
     accelerator the catalogue chip its device kind names (or `hardware`, a catalogue name), laid over with the
     device calibration when `calibrated` and one is cached. None for an unknown accelerator (warned)."""
     import jax
-
-    from workbench.measure.calibrate import get_spec
 
     dev = jax.devices()[0]
     if hardware is not None:

@@ -47,6 +47,7 @@ import zlib
 
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import request_devices, select_platform
+from workbench.measure.calibrate import cache_dir, cpu_features, fingerprint, load_or_calibrate
 
 INIT_TIMEOUT_S = 120
 HEARTBEAT_S = 20
@@ -313,23 +314,27 @@ def calibrate_host_once() -> None:
     directory and runs `workbench calibrate` in a fresh process (this host's devices, nothing else running in it);
     the others block on the lock and then find the cached file. A failed calibration is a WorkbenchError (with the
     calibration's own reason) before this process joined: the launcher then stops the others at once."""
-    from workbench.measure import calibrate as cal
-
     def cached() -> bool:
         try:
-            cal.load_or_calibrate(run_if_missing=False)  # reads the cache; starts no JAX backend
+            load_or_calibrate(run_if_missing=False)  # reads the cache; starts no JAX backend
             return True
         except (WorkbenchError, OSError, ValueError, KeyError):
             return False
 
     if cached():
         return
-    os.makedirs(cal.cache_dir(), exist_ok=True)
-    with open(os.path.join(cal.cache_dir(), "calibrate.lock"), "a") as lock:
+    os.makedirs(cache_dir(), exist_ok=True)
+    path = os.path.join(cache_dir(), f"host-{fingerprint(cpu_features())}.lock")  # one lock per cached file
+    with open(path, "a") as lock:
         try:
             import fcntl
 
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the other processes of this host wait here (released on exit too)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another process of this host calibrates: wait for it (released at its exit too)
+                print(f"workbench: waiting for another process to calibrate this host (lock {path})",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(lock, fcntl.LOCK_EX)
         except (ImportError, OSError):
             pass
         if cached():  # another process of the group measured it while this one waited

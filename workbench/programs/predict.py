@@ -31,7 +31,7 @@ from typing import Any
 
 from models import inference, moe, pipeline
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
-from models.config import REMATS
+from models.config import REMATS, resolve_attention
 from models.precision import get_policy
 from models.presets import get_config
 from models.transformer import Transformer
@@ -323,6 +323,8 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     devices = list(devices) if devices is not None else topo.target_devices(target, spec.gpu_compiler)
     grid = topo.device_grid(devices, tuple(axes.values()))
     mesh = make_mesh(axes, devices=list(grid.flat))
+    if spec.mode == "train":  # attention 'auto' made concrete for the devices compiled for (the record says which)
+        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype)
     t0 = time.perf_counter()
     step, args, state = _build_program(cfg, spec, mesh, batch, seq)
     state_b = _shard_bytes(state)
@@ -417,7 +419,8 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         "target_description": target.describe(),
         "preset": spec.preset, "strategy": spec.strategy, "shard_activations": spec.shard_activations,
         "mode": spec.mode, "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
-        "tokens_per_step": tokens, "remat": lw.cfg.remat, "microbatches": spec.microbatches,
+        "tokens_per_step": tokens, "remat": lw.cfg.remat, "attention": lw.cfg.attention,
+        "microbatches": spec.microbatches,
         "policy": spec.policy, "compute_dtype": compute_dtype, "priced_dtype": priced_dtype(spec.policy),
         "compiler": lw.compiler,
         "compiler_version": _compiler_version(lw.compiler),

@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding
 from models import pipeline as pp
 from models import quant
 from models.analytics import analytics
-from models.config import ModelConfig
+from models.config import ModelConfig, resolve_attention
 from models.precision import get_policy
 from models.transformer import Transformer
 from partitioning.rules import get_rules
@@ -204,6 +204,7 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     rules = get_rules(strategy)
     pipe, cfg = pipeline_for(cfg, rules, int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
                              pipeline_schedule, batch_size, policy)
+    cfg = resolve_attention(cfg, mesh.devices.flat[0].platform, policy.compute_dtype)  # auto: per platform
     seq_len = cfg.seq_len if seq_len is None else int(seq_len)
     if cfg.pos == "learned" and seq_len > cfg.seq_len:
         raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "

@@ -19,6 +19,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from importlib import metadata
@@ -90,8 +91,7 @@ class Store:
             if size > 0:
                 os.lseek(fd, size - 1, os.SEEK_SET)
                 if os.read(fd, 1) != b"\n":
-                    raise WorkbenchError(f"{self.path} ends in an incomplete record; move it aside or delete its "
-                                         "last line, then rerun (nothing was written)")
+                    size = self._set_aside_torn_tail(fd, size)
             data = line.encode()
             written = os.write(fd, data)
             if written != len(data):
@@ -103,7 +103,30 @@ class Store:
             os.close(fd)
         return json.loads(line)
 
+    def _set_aside_torn_tail(self, fd: int, size: int) -> int:
+        """The file ends in part of a record (a writer killed mid-append: a write of many pages can stop between two
+        when the process gets SIGKILL): copy that part to `<path>.torn-<time>` (nothing is lost), cut it off, and
+        return the new size. Called with the store's lock held, so no live writer is mid-record."""
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = b""
+        while len(data) < size:
+            chunk = os.read(fd, size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        keep = data.rfind(b"\n") + 1
+        aside = f"{self.path}.torn-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%S%f')}"
+        with open(aside, "wb") as f:
+            f.write(data[keep:])
+        os.ftruncate(fd, keep)
+        print(f"workbench: {self.path} ended in an incomplete record (a writer was killed mid-append); its "
+              f"{size - keep} bytes were moved to {aside}", file=sys.stderr)
+        return keep
+
     def records(self, kind: str | None = None) -> list[dict]:
+        """Every complete record (of `kind`). A last line without its newline is a record still being written, or
+        one whose writer was killed: it is skipped (the next append sets it aside); any other line that is not a
+        record is a one-line error naming it."""
         if not os.path.exists(self.path):
             return []
         out = []
@@ -112,6 +135,8 @@ class Store:
                 for n, line in enumerate(f, 1):
                     if not line.strip():
                         continue
+                    if not line.endswith("\n"):  # the torn or unfinished last line
+                        break
                     try:
                         r = json.loads(line)
                     except json.JSONDecodeError:
