@@ -283,8 +283,9 @@ CHIPS = {
         "peak_flops": {
             "float32": _t(6.7e13, NV_H200, NO_STORED_NV + "H200 SXM FP32 67 TFLOPS (same GH100 die as H100)."),
             "tf32": _t(4.945e14, NV_H200, NO_STORED_NV + "TF32 989 TFLOPS sparse -> 494.5 dense."),
-            "bfloat16": _t(9.895e14, NV_H200, NO_STORED_NV + "BF16 1,979 TFLOPS sparse -> 989.5 dense. Measured on one "
-                           "H200 lent to this project: 790 TFLOP/s (8192^3 bf16 matmul; DESIGN.md)."),
+            "bfloat16": _t(9.895e14, NV_H200, NO_STORED_NV + "BF16 1,979 TFLOPS sparse -> 989.5 dense. Measured on an "
+                           "H200 SXM (driver 580, jax 0.11.2, 2026-12-04; `workbench calibrate`): 684 TFLOP/s at "
+                           "8192^3 through XLA, fp8 919 (docs/gpu.md)."),
             "float16": _t(9.895e14, NV_H200, NO_STORED_NV + "FP16 1,979 sparse -> 989.5 dense."),
             "float8_e4m3fn": _t(1.979e15, NV_H200, NO_STORED_NV + "FP8 3,958 TFLOPS sparse -> 1,979 dense."),
             "float8_e5m2": _t(1.979e15, NV_H200, NO_STORED_NV + "Same FP8 rate for E5M2."),
