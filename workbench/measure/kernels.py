@@ -292,25 +292,12 @@ def _dedup_name(ins: Instr) -> str:
     return m.group(1) if m else ins.name
 
 
-def hlo_name_of(kernel_name: str, instrs: dict) -> str | None:
-    """The HLO instruction a traced kernel name stands for: itself, or with the '.' and '-' XLA:GPU writes as '_'
-    in kernel names ('loop_add_fusion_20' is %loop_add_fusion.20)."""
-    if kernel_name in instrs:
-        return kernel_name
-    return _normalized(instrs).get(kernel_name)
-
-
-def _normalized(instrs: dict) -> dict[str, str]:
-    key = id(instrs)
-    hit = _NORMALIZED.get(key)
-    if hit is None or hit[0] is not instrs:
-        hit = (instrs, {re.sub(r"[.\-]", "_", n): n for n in instrs})
-        _NORMALIZED.clear()
-        _NORMALIZED[key] = hit
-    return hit[1]
-
-
-_NORMALIZED: dict[int, tuple[dict, dict[str, str]]] = {}
+def kernel_names(instrs: dict) -> dict[str, str]:
+    """Traced kernel name -> HLO instruction: each name itself, and as XLA:GPU writes it in kernel names, '.' and
+    '-' as '_' ('loop_add_fusion_20' is %loop_add_fusion.20)."""
+    out = {re.sub(r"[.\-]", "_", n): n for n in instrs}
+    out.update({n: n for n in instrs})
+    return out
 
 
 def wall_shares(events: list[KernelEvent], waits: list[bool] | None = None) -> tuple[list[float], float]:
@@ -431,8 +418,8 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
     library = 0  # library kernels (cuBLAS, cuDNN) traced: their time goes to the custom calls that launch them
     if trace is not None:
         steps = max(trace.steps, 1)
-        evs = [dataclasses.replace(e, name=_kernel_of(hlo_name_of(e.name, instrs), instrs) or e.name)
-               for e in trace.events]
+        names_of = kernel_names(instrs)
+        evs = [dataclasses.replace(e, name=_kernel_of(names_of.get(e.name), instrs) or e.name) for e in trace.events]
         evs = [e for e in evs if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
         waits = [simulated_mesh and e.name in instrs and kernel_class(instrs[e.name][1], mod) == "collective"
                  for e in evs]
