@@ -27,7 +27,7 @@ from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import device_info
 from workbench.hardware.spec import HardwareSpec, Source, catalogue, resolve_name
-from workbench.measure.calibrate import cache_dir, get_spec, measure_kernel_launch
+from workbench.measure.calibrate import _say, cache_dir, get_spec, matmul_probe, measure_kernel_launch
 from workbench.measure.harness import measure, measure_steps, random_inputs
 
 DEVICE_CALIBRATION_VERSION = 2  # 2: the rate against size timed inside one program
@@ -62,19 +62,8 @@ def _cache_path(key: dict) -> str:
     return os.path.join(cache_dir(), f"device-{slug.strip('-').lower()}-v{key['version']}.json")
 
 
-def _say(msg: str, quiet: bool) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
-
-
 def _matmul(n: int, dev, dtype: str, result: str, quick: bool) -> dict:
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.ShapeDtypeStruct((n, n), jnp.dtype(dtype))
-    x, y = (jax.device_put(v, dev) for v in random_inputs((a, a), seed=1))
-    rt = jnp.dtype(result)
-    c = jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=rt)).lower(x, y).compile()
+    c, x, y = matmul_probe(n, dev, dtype, result)
     m = measure(c, x, y, warmup=3, repeats=5 if quick else 10, min_total_s=0.0 if quick else 0.3)
     return {"n": n, "result_dtype": result, "flops_per_s": 2.0 * n**3 / m.median_s,
             "best_flops_per_s": 2.0 * n**3 / m.min_s, "spread": m.spread}
@@ -242,10 +231,10 @@ def calibrated_spec(spec: HardwareSpec, cal: dict) -> HardwareSpec:
         sources={**spec.sources, "peak_flops": src, "hbm_bw": src})
 
 
-def local_spec(hardware: str | None = None, *, calibrated: bool = False) -> HardwareSpec | None:
+def local_spec(hardware: str | None = None) -> HardwareSpec | None:
     """The spec programs are priced with where they run: on a CPU the calibrated host (its own calibration); on an
-    accelerator the catalogue chip its device kind names (or `hardware`, a catalogue name), laid over with the
-    device calibration when `calibrated` and one is cached. None for an unknown accelerator (warned)."""
+    accelerator the catalogue chip its device kind names (or `hardware`, a catalogue name). None for an unknown
+    accelerator (warned)."""
     import jax
 
     dev = jax.devices()[0]
@@ -253,8 +242,15 @@ def local_spec(hardware: str | None = None, *, calibrated: bool = False) -> Hard
         return get_spec(hardware)
     if dev.platform == "cpu":
         return get_spec("host")
-    chip = chip_for(dev.device_kind)
-    if chip is None or not calibrated:
-        return chip
+    return chip_for(dev.device_kind)
+
+
+def with_device_calibration(spec: HardwareSpec) -> HardwareSpec | None:
+    """`spec` with the cached calibration of the accelerator programs run on laid over it (calibrated_spec); None on
+    a CPU or where this device has not been calibrated. Never measures."""
+    import jax
+
+    if jax.devices()[0].platform == "cpu":
+        return None
     cal = load_or_calibrate_device(run_if_missing=False)
-    return calibrated_spec(chip, cal) if cal else chip
+    return calibrated_spec(spec, cal) if cal else None

@@ -11,7 +11,7 @@ from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import check_fits
 from workbench.hardware.spec import HardwareSpec
 from workbench.measure.calibrate import get_spec
-from workbench.measure.device import calibrated_spec, load_or_calibrate_device, local_spec
+from workbench.measure.device import local_spec, with_device_calibration
 from workbench.measure.harness import measure, random_inputs
 from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import predict
@@ -40,10 +40,9 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None
     if hw is None:  # an accelerator the catalogue does not know (warned): pass --target CHIP to price it
         raise WorkbenchError(f"no spec to price this program on {jax.devices()[0].device_kind!r}; pass --target CHIP")
     pred = predict(cost, hw)
-    if target is None and jax.devices()[0].platform != "cpu":  # an accelerator: its own calibration beside the chip's
-        cal = load_or_calibrate_device(run_if_missing=False)
-        if cal is not None and all(o.name != f"{hw.name}-calibrated" for o in also_predict):
-            also_predict = (*also_predict, calibrated_spec(hw, cal))
+    cal_spec = with_device_calibration(hw) if target is None else None  # an accelerator's own ceilings too
+    if cal_spec is not None and all(o.name != cal_spec.name for o in also_predict):
+        also_predict = (*also_predict, cal_spec)
     extra = dict(extra or {})
     for other in also_predict:
         extra.setdefault("predictions", {})[other.name] = predict(cost, other).to_dict()

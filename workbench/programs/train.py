@@ -42,7 +42,7 @@ from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import is_simulated
 from workbench.measure.calibrate import get_spec
-from workbench.measure.device import calibrated_spec, chip_for, load_or_calibrate_device
+from workbench.measure.device import chip_for, with_device_calibration
 from workbench.measure.explain import explain_step
 from workbench.measure.harness import Measurement, dot_floor, measure_steps, profile_kernels, summarize
 from workbench.programs.checkpoint import Checkpointer, CheckpointSpec, CheckpointStats, fault_point, step_overhead
@@ -621,10 +621,8 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                               if (ceiling and floor["step_floor_s"]) else None)
         kernel_profile["dot_floor"] = floor
     prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
-    prediction_cal = None
-    if spec is not None and hardware == "auto" and not is_simulated():  # the device's own ceilings beside the chip's
-        cal = load_or_calibrate_device(run_if_missing=False)
-        prediction_cal = predict(cost, calibrated_spec(spec, cal), dtype=price_dtype) if cal else None
+    cal_spec = with_device_calibration(spec) if spec is not None and hardware == "auto" else None
+    prediction_cal = predict(cost, cal_spec, dtype=price_dtype) if cal_spec else None  # the device's own ceilings
     explained = None
     if explain and spec is not None and measurement is not None:  # after the timed steps: traced ones are in neither
 
