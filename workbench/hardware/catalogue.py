@@ -394,7 +394,7 @@ CHIPS = {
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-# The newest chips (issue 20): TPU v7x (Ironwood), NVIDIA Blackwell Ultra (B300 in HGX, GB300 in the NVL72 rack),
+# The newest chips in the catalogue: TPU v7x (Ironwood), NVIDIA Blackwell Ultra (B300 in HGX, GB300 in the NVL72 rack),
 # AMD MI355X. Read on READ_2026_12 against the stored copies named in each note.
 
 READ_2026_12 = "2026-12-01"
