@@ -698,6 +698,88 @@ def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: 
     return dataclasses.replace(res, record_id=rid), kernel_sources(comp.hlo_text)
 
 
+def _compile_dumped(prog: Program, fn) -> tuple:
+    """(compiled, pass names, pass effects) of `fn` compiled once with the per-pass HLO dump on."""
+    dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
+    try:
+        comp = _compile(prog, fn, {}, dump)
+        passes, effects = read_pass_dump(dump)
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+    return comp, passes, effects
+
+
+def _check_in_pipeline(pass_lists: list[tuple[str, ...]], pipeline: list[str], compiler: str) -> None:
+    """On XLA:CPU the whole pipeline is known before anything compiles (or calibrates): reject unknown passes."""
+    for pl in pass_lists:
+        unknown = [p for p in pl if pipeline and p not in pipeline]
+        if unknown:
+            raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass of {compiler}'s pipeline; "
+                                 "give comma-separated pass names from it, e.g. --disable-passes "
+                                 "fusion,dot-library-rewriter (--list-passes shows them all)")
+
+
+def _check_ran(pass_lists: list[tuple[str, ...]], passes: list[str], effects, compiler: str) -> None:
+    """Reject a pass to disable that the compiler did not run on this program."""
+    for pl in pass_lists:
+        unknown = [p for p in pl if p not in passes]
+        if unknown:
+            raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass {compiler} ran on this "
+                                 f"program; give comma-separated pass names from its pipeline, e.g. "
+                                 f"--disable-passes {','.join(p.name for p in effects if p.fuses) or 'fusion'} "
+                                 "(--list-passes shows them all)")
+
+
+def _barrier_variant(prog: Program, barrier_after: tuple[str, ...] | Callable, compiler: str,
+                     say: Callable[[str], None]) -> tuple[tuple, str | None]:
+    """((variant, fn, options, barriers, notes), the pass that drops barriers before fusing or None)."""
+    if barrier_after:
+        fn_b, nb, prims = with_barriers(prog.fn, prog.args, barrier_after)
+        if nb == 0:
+            raise WorkbenchError(f"--barrier-after {','.join(barrier_after) if not callable(barrier_after) else '(predicate)'}"
+                                 f" matched no operation of {prog.name}; its primitives: {', '.join(sorted(prims))}")
+        label = ",".join(barrier_after) if not callable(barrier_after) else "predicate"
+    else:
+        fn_b, nb, label = prog.fn, None, "in the program"
+    vnotes = []
+    say("barriers: finding the pass that drops optimization barriers")
+    _, _, beff = _compile_dumped(prog, fn_b)
+    first_fusing = next((i for i, e in enumerate(beff) if e.fuses), len(beff))
+    drops = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i < first_fusing))
+    late = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i >= first_fusing))
+    opts = {}
+    barrier_pass = None
+    if drops:
+        barrier_pass = ",".join(drops)
+        opts = {"xla_disable_hlo_passes": barrier_pass}
+        vnotes.append(f"{compiler} removes optimization barriers in pass {barrier_pass} before it fuses (read "
+                      "from its dump: the barriers are gone after it), so a barrier alone does not block fusion "
+                      "there; this variant compiles with that pass off")
+    elif late:
+        vnotes.append(f"{compiler} keeps optimization barriers through fusion (its pass {', '.join(late)} "
+                      "removes them afterwards): the barriers block fusion as written")
+    v = Variant(f"barriers({label})", tuple(opts.items()), tuple(barrier_after) if not callable(barrier_after)
+                else (), description=f"optimization barriers after {label}")
+    return (v, fn_b, opts, nb, vnotes), barrier_pass
+
+
+def _compile_variants(prog: Program, run_list: list, compiler: str, notes: list[str],
+                      say: Callable[[str], None]) -> list:
+    """Every variant compiled before anything is measured or recorded; a compiler failure becomes a note."""
+    compiled = []
+    failed = {}
+    for v, fn, opts, nb, vnotes in run_list:
+        say(f"{v.name}: compiling")
+        try:
+            compiled.append((v, _compile(prog, fn, opts), nb, vnotes))
+        except WorkbenchError:
+            raise  # options XLA rejects: the user's to fix
+        except Exception as e:  # noqa: BLE001 - the compiler failed on this variant: an answer, not a crash
+            failed[v.name] = _xla_error(e)
+            notes.append(f"variant {v.name}: {compiler} failed to compile it: {failed[v.name]}")
+    return compiled
+
+
 def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_flags: list[str] = (),
             barrier_after: tuple[str, ...] | Callable = (), barriers_in_program: bool = False, no_fusion: bool = True,
             measure_it: bool | None = None, repeats: int = 5, profile_steps: int = 2, compare_host: bool = True,
@@ -715,33 +797,14 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
     notes: list[str] = []
     user_flag_variants = [flag_variant(t) for t in xla_flags]  # form checked before any compile
     pass_lists = [tuple(p) for p in disable_passes]
-    variants: dict[str, VariantResult] = {}
-    sources: dict[str, dict] = {}
-
     pipeline = cpu_pass_pipeline() if prog.platform == "cpu" else []
-    for pl in pass_lists:  # on XLA:CPU the whole pipeline is known before anything compiles (or calibrates)
-        unknown = [p for p in pl if pipeline and p not in pipeline]
-        if unknown:
-            raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass of {compiler}'s pipeline; "
-                                 "give comma-separated pass names from it, e.g. --disable-passes "
-                                 "fusion,dot-library-rewriter (--list-passes shows them all)")
+    _check_in_pipeline(pass_lists, pipeline, compiler)
     hw = _hw(prog)
-    dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
-    try:
-        say(f"default: compiling {prog.name} for {prog.target}")
-        default_comp = _compile(prog, prog.fn, {}, dump)
-        passes, effects = read_pass_dump(dump)
-    finally:
-        shutil.rmtree(dump, ignore_errors=True)
+    say(f"default: compiling {prog.name} for {prog.target}")
+    default_comp, passes, effects = _compile_dumped(prog, prog.fn)
     if prog.platform == "cpu":
         passes = list(dict.fromkeys(passes + pipeline))
-    for pl in pass_lists:
-        unknown = [p for p in pl if p not in passes]
-        if unknown:
-            raise WorkbenchError(f"--disable-passes: {', '.join(unknown)} is not a pass {compiler} ran on this "
-                                 f"program; give comma-separated pass names from its pipeline, e.g. "
-                                 f"--disable-passes {','.join(p.name for p in effects if p.fuses) or 'fusion'} "
-                                 "(--list-passes shows them all)")
+    _check_ran(pass_lists, passes, effects, compiler)
     fusing = tuple(dict.fromkeys(e.name for e in effects if e.fuses))
     run_list: list[tuple[Variant, Callable, dict, int, list]] = []
     if no_fusion:
@@ -751,56 +814,34 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
             run_list.append((v, prog.fn, dict(v.compiler_options), 0, []))
         else:
             notes.append(f"no pass of {compiler} fused anything in this program: no no-fusion variant")
-    for pl in pass_lists:
-        v = passes_variant(pl)
-        run_list.append((v, prog.fn, dict(v.compiler_options), 0, []))
-    for v in user_flag_variants:
+    for v in [passes_variant(pl) for pl in pass_lists] + user_flag_variants:
         run_list.append((v, prog.fn, dict(v.compiler_options), 0, []))
     barrier_pass = None
     if barrier_after or barriers_in_program:
-        if barrier_after:
-            fn_b, nb, prims = with_barriers(prog.fn, prog.args, barrier_after)
-            if nb == 0:
-                raise WorkbenchError(f"--barrier-after {','.join(barrier_after) if not callable(barrier_after) else '(predicate)'}"
-                                     f" matched no operation of {prog.name}; its primitives: {', '.join(sorted(prims))}")
-            label = ",".join(barrier_after) if not callable(barrier_after) else "predicate"
-        else:
-            fn_b, nb, label = prog.fn, None, "in the program"
-        vnotes = []
-        dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
-        try:
-            say("barriers: finding the pass that drops optimization barriers")
-            _compile(prog, fn_b, {}, dump)
-            _, beff = read_pass_dump(dump)
-        finally:
-            shutil.rmtree(dump, ignore_errors=True)
-        first_fusing = next((i for i, e in enumerate(beff) if e.fuses), len(beff))
-        drops = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i < first_fusing))
-        late = tuple(dict.fromkeys(e.name for i, e in enumerate(beff) if e.drops_barriers and i >= first_fusing))
-        opts = {}
-        if drops:
-            barrier_pass = ",".join(drops)
-            opts = {"xla_disable_hlo_passes": barrier_pass}
-            vnotes.append(f"{compiler} removes optimization barriers in pass {barrier_pass} before it fuses (read "
-                          "from its dump: the barriers are gone after it), so a barrier alone does not block fusion "
-                          "there; this variant compiles with that pass off")
-        elif late:
-            vnotes.append(f"{compiler} keeps optimization barriers through fusion (its pass {', '.join(late)} "
-                          "removes them afterwards): the barriers block fusion as written")
-        v = Variant(f"barriers({label})", tuple(opts.items()), tuple(barrier_after) if not callable(barrier_after)
-                    else (), description=f"optimization barriers after {label}")
-        run_list.append((v, fn_b, opts, nb, vnotes))
-    compiled = []
-    failed = {}
-    for v, fn, opts, nb, vnotes in run_list:  # every variant compiles before anything is measured or recorded
-        say(f"{v.name}: compiling")
-        try:
-            compiled.append((v, _compile(prog, fn, opts), nb, vnotes))
-        except WorkbenchError:
-            raise  # options XLA rejects: the user's to fix
-        except Exception as e:  # noqa: BLE001 - the compiler failed on this variant: an answer, not a crash
-            failed[v.name] = _xla_error(e)
-            notes.append(f"variant {v.name}: {compiler} failed to compile it: {failed[v.name]}")
+        entry, barrier_pass = _barrier_variant(prog, barrier_after, compiler, say)
+        run_list.append(entry)
+    compiled = _compile_variants(prog, run_list, compiler, notes, say)
+    variants, sources = _read_variants(prog, default_comp, compiled, hw, measure_it=measure_it, repeats=repeats,
+                                       profile_steps=profile_steps, barriers_in_program=barriers_in_program,
+                                       store=store, say=say)
+    diffs = {n: diff(variants["default"], sources["default"], v, sources[n]) for n, v in variants.items()
+             if n != "default"}
+    host_cmp = None
+    if compare_host and not prog.local:
+        say("host: compiling the same program for XLA:CPU (not run)")
+        host_cmp = _compare_host(prog, variants["default"], sources["default"])
+    if prog.platform != "cpu":
+        notes.append(f"{prog.target}: compiled by {compiler} for compile-only devices; predicted, not run")
+    return FusionResult(prog, variants, diffs, fusing, barrier_pass, tuple(passes), compiler, host_cmp,
+                        tuple(notes))
+
+
+def _read_variants(prog: Program, default_comp, compiled: list, hw, *, measure_it: bool, repeats: int,
+                   profile_steps: int, barriers_in_program: bool, store, say: Callable[[str], None]):
+    """({name: VariantResult}, {name: kernel sources}): the default and each compiled variant read, priced,
+    measured (host) and recorded, in that order."""
+    variants: dict[str, VariantResult] = {}
+    sources: dict[str, dict] = {}
     say(f"default: reading{' and measuring' if measure_it else ''}")
     variants["default"], sources["default"] = _variant(
         prog, Variant("default", description="the compiler as it is"), default_comp, hw, measure_it=measure_it,
@@ -813,16 +854,7 @@ def explore(prog: Program, *, disable_passes: list[tuple[str, ...]] = (), xla_fl
             res = dataclasses.replace(res, barriers=res.barriers or sum(
                 1 for k in res.kernels if k.xla_kind == "opt-barrier"))
         variants[v.name], sources[v.name] = res, src
-    diffs = {n: diff(variants["default"], sources["default"], v, sources[n]) for n, v in variants.items()
-             if n != "default"}
-    host_cmp = None
-    if compare_host and not prog.local:
-        say("host: compiling the same program for XLA:CPU (not run)")
-        host_cmp = _compare_host(prog, variants["default"], sources["default"])
-    if prog.platform != "cpu":
-        notes.append(f"{prog.target}: compiled by {compiler} for compile-only devices; predicted, not run")
-    return FusionResult(prog, variants, diffs, fusing, barrier_pass, tuple(passes), compiler, host_cmp,
-                        tuple(notes))
+    return variants, sources
 
 
 def _compiler_name(platform: str) -> str:
@@ -920,13 +952,8 @@ def cpu_pass_pipeline() -> list[str]:
 
 def list_passes(prog: Program) -> tuple[list[str], list[PassEffect]]:
     """The passes the compiler runs on `prog` (those in its dump) and what the changing ones did."""
-    dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
-    try:
-        _compile(prog, prog.fn, {}, dump)
-        names, effects = read_pass_dump(dump)
-        return (list(dict.fromkeys(names + cpu_pass_pipeline())) if prog.platform == "cpu" else names), effects
-    finally:
-        shutil.rmtree(dump, ignore_errors=True)
+    _, names, effects = _compile_dumped(prog, prog.fn)
+    return (list(dict.fromkeys(names + cpu_pass_pipeline())) if prog.platform == "cpu" else names), effects
 
 
 def finite(x) -> float | None:
