@@ -94,6 +94,74 @@ def _expert_mats(mlp: str) -> int:
     return 3 if mlp == "swiglu" else 2
 
 
+def _layer_program(cfg: ModelConfig, policy, mesh, rules, x_sh, shape: tuple[int, int, int], seed: int,
+                   backward: bool, skip: bool):
+    """(make, jitted fn, abstract args, state shardings) of one MoE block; skip: experts replaced by the identity."""
+
+    def make():
+        blk = moe.MoEBlock(cfg, policy, rngs=nnx.Rngs(seed))
+        if skip:
+            blk.opt = dataclasses.replace(blk.opt, skip_experts=True)
+        return blk
+
+    abs_blk = nnx.eval_shape(make)
+    graphdef, abs_state = nnx.split(abs_blk)
+    shardings = state_shardings(abs_state, mesh, rules)
+
+    def fwd(state, x):
+        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
+            blk = nnx.merge(graphdef, state)
+            y, aux = blk(x)
+            return y, aux
+
+    def fwd_bwd(state, x):
+        def loss(state):
+            y, aux = fwd(state, x)
+            return jnp.mean(y.astype(jnp.float32) ** 2) + aux["loss"], aux
+        (_, aux), g = jax.value_and_grad(loss, has_aux=True)(state)
+        return g, aux
+
+    fn = jax.jit(fwd_bwd if backward else fwd, in_shardings=(shardings, x_sh))
+    abs_args = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
+                             shardings), jax.ShapeDtypeStruct(shape, jnp.float32, sharding=x_sh))
+    return make, fn, abs_args, shardings
+
+
+def _useful_expert_flops(*, tokens: int, d_model: int, d_ff: int, experts: int, top_k: int,
+                         capacity_factor: float | None, router: str, mlp: str, backward: bool, mesh, ep: int) -> float:
+    """What a perfect grouped matmul does per device: 2·T·k·D·F·(2 or 3 matrices), x3 with the backward."""
+    mult = 3 if backward else 1  # backward of a matmul: two matmuls of the same size
+    useful = mult * 2.0 * tokens * top_k * d_model * d_ff * _expert_mats(mlp) / mesh.size
+    if router == "expert-choice":  # every slot holds a real token: E·C rows per routing group
+        groups = int(np.prod([mesh.shape[a] for a in mesh.axis_names if a != "model"])) if ep > 1 else 1
+        c = moe.expert_capacity(tokens // groups, experts, top_k, capacity_factor)
+        useful = mult * 2.0 * groups * experts * c * d_model * d_ff * _expert_mats(mlp) / mesh.size
+    return useful
+
+
+def _chip_predictions(cost, targets) -> dict:
+    """{chip name: predicted time, its parts and bound} of the compiled costs in bfloat16 on each target."""
+    preds = {}
+    for t in targets:
+        spec = get_spec(t)
+        p = predict(cost, spec, dtype="bfloat16")
+        preds[spec.name] = {"predicted_s": p.predicted_s, "compute_s": p.compute_s, "memory_s": p.memory_s,
+                            "comm_s": p.comm_s, "bound": p.bound, "comm_by_kind_s": p.comm_by_kind_s}
+    return preds
+
+
+def _flops_fields(f_total: float, f_route: float, useful: float) -> dict:
+    """The per-device flops of the layer, its routing/dispatch part, its experts and their efficiency."""
+    return {
+        "flops_total_per_device": f_total,
+        "flops_routing_dispatch_per_device": f_route,
+        "flops_experts_per_device": f_total - f_route,
+        "flops_experts_useful_per_device": useful,
+        "expert_flops_efficiency": useful / (f_total - f_route) if f_total > f_route else None,
+        "expert_flops_over_useful": (f_total - f_route) / useful if useful else None,
+    }
+
+
 def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: int = 512, experts: int = 8,
                 top_k: int = 2, capacity_factor: float | None = 1.25, router: str = "token-choice",
                 score: str = "softmax", mlp: str = "swiglu", mesh_spec: str = "expert=8", strategy: str = "ep",
@@ -108,8 +176,6 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     execution on random inputs (counts, not timings). Predictions: workbench.roofline.prediction.predict of the compiled costs
     on each target chip (collectives over the chip's interconnect).
     """
-
-
     if tokens % seq:
         raise WorkbenchError(f"--tokens {tokens} must be a multiple of --seq {seq}")
     mesh = make_mesh(mesh_spec)
@@ -123,72 +189,26 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
     policy = get_policy("float32")
     batch = tokens // seq
     x_sh = NamedSharding(mesh, spec_for(("batch", "seq", "embed"), (batch, seq, d_model), mesh, rules, "activations"))
-
-    def build(skip: bool):
-        def make():
-            blk = moe.MoEBlock(cfg, policy, rngs=nnx.Rngs(seed))
-            if skip:
-                blk.opt = dataclasses.replace(blk.opt, skip_experts=True)
-            return blk
-
-        abs_blk = nnx.eval_shape(make)
-        graphdef, abs_state = nnx.split(abs_blk)
-        shardings = state_shardings(abs_state, mesh, rules)
-
-        def fwd(state, x):
-            with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
-                blk = nnx.merge(graphdef, state)
-                y, aux = blk(x)
-                return y, aux
-
-        def fwd_bwd(state, x):
-            def loss(state):
-                y, aux = fwd(state, x)
-                return jnp.mean(y.astype(jnp.float32) ** 2) + aux["loss"], aux
-            (_, aux), g = jax.value_and_grad(loss, has_aux=True)(state)
-            return g, aux
-
-        fn = jax.jit(fwd_bwd if backward else fwd, in_shardings=(shardings, x_sh))
-        abs_args = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
-                                 shardings), jax.ShapeDtypeStruct((batch, seq, d_model), jnp.float32, sharding=x_sh))
-        return make, fn, abs_args, shardings
-
-    make, fn, abs_args, shardings = build(False)
+    shape = (batch, seq, d_model)
+    make, fn, abs_args, shardings = _layer_program(cfg, policy, mesh, rules, x_sh, shape, seed, backward, False)
     comp = compile_program(fn, *abs_args, mesh=mesh, analytic=False)
-    comp_route = compile_program(build(True)[1], *build(True)[2], mesh=mesh, analytic=False)
-    cost, cost_r = comp.cost, comp_route.cost
-    f_total, f_route = cost.counted_flops, cost_r.counted_flops
-    mult = 3 if backward else 1  # backward of a matmul: two matmuls of the same size
-    useful = mult * 2.0 * tokens * top_k * d_model * d_ff * _expert_mats(mlp) / mesh.size
-    if router == "expert-choice":  # every slot holds a real token: E·C rows per routing group
-        groups = int(np.prod([mesh.shape[a] for a in mesh.axis_names if a != "model"])) if ep > 1 else 1
-        c = moe.expert_capacity(tokens // groups, experts, top_k, capacity_factor)
-        useful = mult * 2.0 * groups * experts * c * d_model * d_ff * _expert_mats(mlp) / mesh.size
+    _, fn_r, abs_args_r, _ = _layer_program(cfg, policy, mesh, rules, x_sh, shape, seed, backward, True)
+    comp_route = compile_program(fn_r, *abs_args_r, mesh=mesh, analytic=False)
+    cost = comp.cost
+    useful = _useful_expert_flops(tokens=tokens, d_model=d_model, d_ff=d_ff, experts=experts, top_k=top_k,
+                                  capacity_factor=capacity_factor, router=router, mlp=mlp, backward=backward,
+                                  mesh=mesh, ep=ep)
     # routing statistics from one execution (not timed)
-    blk = make()
-    state = jax.device_put(nnx.state(blk), shardings)
-    x = jax.device_put(jax.random.normal(jax.random.key(seed + 1), (batch, seq, d_model), jnp.float32), x_sh)
-    out = comp.compiled(state, x)
-    aux = {k: float(v) for k, v in out[1].items()}
-    by_kind = cost.collectives_by_kind()
-    a2a = by_kind.get("all-to-all", {"count": 0, "bytes": 0.0})
-    preds = {}
-    for t in targets:
-        spec = get_spec(t)
-        p = predict(cost, spec, dtype="bfloat16")
-        preds[spec.name] = {"predicted_s": p.predicted_s, "compute_s": p.compute_s, "memory_s": p.memory_s,
-                            "comm_s": p.comm_s, "bound": p.bound, "comm_by_kind_s": p.comm_by_kind_s}
+    state = jax.device_put(nnx.state(make()), shardings)
+    x = jax.device_put(jax.random.normal(jax.random.key(seed + 1), shape, jnp.float32), x_sh)
+    aux = {k: float(v) for k, v in comp.compiled(state, x)[1].items()}
+    a2a = cost.collectives_by_kind().get("all-to-all", {"count": 0, "bytes": 0.0})
     result = {
         "tokens": tokens, "seq": seq, "d_model": d_model, "d_ff": d_ff, "experts": experts, "top_k": top_k,
         "capacity_factor": capacity_factor, "router": router, "score": score, "mlp": mlp,
         "mesh": dict(mesh.shape), "strategy": strategy, "expert_parallel_degree": ep,
         "program": "forward+backward" if backward else "forward", "n_devices": mesh.size,
-        "flops_total_per_device": f_total,
-        "flops_routing_dispatch_per_device": f_route,
-        "flops_experts_per_device": f_total - f_route,
-        "flops_experts_useful_per_device": useful,
-        "expert_flops_efficiency": useful / (f_total - f_route) if f_total > f_route else None,
-        "expert_flops_over_useful": (f_total - f_route) / useful if useful else None,
+        **_flops_fields(cost.counted_flops, comp_route.cost.counted_flops, useful),
         "grouped_matmul": (grouped.choose_impl(cfg.moe_gmm, mesh.devices.flat[0].platform)
                            if capacity_factor is None and router == "token-choice" else "dense (E, C) einsum"),
         "flops_source": "CostReport.counted_flops (kernel sums x trip counts for programs with loops, else "
@@ -196,7 +216,7 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
         "all_to_all_bytes_per_device": a2a["bytes"], "all_to_all_count": a2a["count"],
         "collectives_per_device": cost.collectives_by_kind_and_axis(),
         "peak_memory_bytes_per_device": cost.peak_memory_bytes,
-        "predictions": preds,
+        "predictions": _chip_predictions(cost, targets),
         "prediction_note": ("costs compiled by XLA:CPU for simulated devices, priced on each chip. Dropless layers "
                             "use the grouped matmul models.kernels.grouped picks per backend (XLA:CPU lowers "
                             "ragged_dot to a dense matmul over all experts, E/k too many flops: the blocked form "
@@ -205,12 +225,9 @@ def layer_costs(*, tokens: int = 4096, seq: int = 64, d_model: int = 256, d_ff: 
         "compile_s": comp.compile_s,
     }
     if measure:
-
         m = _measure(comp.compiled, state, x, warmup=2, repeats=10, compile_s=comp.compile_s)
         result["measured"] = m.to_dict()
     return result, cost
-
-
 
 
 def gmm_costs(*, rows: int = 4096, d_model: int = 1024, d_ff: int = 2048, experts: int = 8,
