@@ -1,13 +1,15 @@
-"""`workbench sweep FILE.toml [--dry-run] [--retry-failed] [--json]`: a grid of experiments over any recording
-command, one record per point, resumable (workbench/programs/sweep.py has the file format)."""
+"""`workbench sweep FILE.toml [--dry-run] [--retry-failed] [--workers N | --ray auto|ADDRESS] [--json]`: a grid of
+experiments over any recording command, one record per point, resumable (workbench/programs/sweep.py has the file
+format; workbench/programs/executor.py the back-ends)."""
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import typer
 
 from workbench.errors import WorkbenchError
-from workbench.results.console import emit_json, print_table, stderr_console
+from workbench.results.console import emit_json, print_table
 
 
 def register(app: typer.Typer) -> None:
@@ -16,14 +18,18 @@ def register(app: typer.Typer) -> None:
         file: str = typer.Argument(..., help="sweep file (TOML: [sweep] name, command; [fixed]; [grid]; [[points]])"),
         dry_run: bool = typer.Option(False, "--dry-run", help="list the points and their command lines; run nothing"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="run the points that failed before again"),
+        workers: Optional[int] = typer.Option(None, "--workers", help="run the points in N local worker processes"),
+        ray: Optional[str] = typer.Option(None, "--ray", help="run the points as Ray tasks: auto (the cluster on this "
+                                          "machine, or a local one) or the head's address HOST:6379"),
         json_out: bool = typer.Option(False, "--json", help="JSON summary on stdout"),
     ):
         """Run every point of a sweep not yet in the results store; failed points are reported and skipped."""
         import typer.main
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         from workbench.programs import sweep as program
+        from workbench.programs.executor import FanOutProgress, check_options, make_executor
 
+        check_options(workers, ray)
         spec = program.load_sweep(file)
         node = typer.main.get_command(app)
         for word in spec.command:
@@ -43,23 +49,35 @@ def register(app: typer.Typer) -> None:
                     for o in res.outcomes]
             emit_json(res.to_record()) if json_out else print_table(rows, title=f"sweep {spec.name}: {len(rows)} points")
             return
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=stderr_console(), transient=True) as bar:
-            task = bar.add_task(f"sweep {spec.name}", total=None)
+        from workbench.results.store import Store
 
-            def on_point(done, total, point, status):
-                bar.update(task, completed=done, total=total, description=f"sweep {spec.name}: {point.label()[:50]}")
-                if status == "failed":
-                    bar.console.print(f"point {point.index} ({point.label()}) failed")
-
-            res = program.run_sweep(spec, node.params, retry_failed=retry_failed, on_point=on_point)
-        for o in res.failed:
-            print(f"workbench: point {o.point.index} ({o.point.label()}): {o.error}", file=sys.stderr)
+        store = Store()
+        pts = spec.points()
+        left = len(pts) - len(program.recorded_keys(store, spec.sweep_id) & {p.key for p in pts})
+        if left == 0:
+            msg = f"sweep {spec.name} ({spec.sweep_id}): all {len(pts)} points are recorded; nothing left to do"
+            if json_out:
+                emit_json(program.run_sweep(spec, node.params, store=store).to_record())
+                print(msg, file=sys.stderr)
+            else:
+                print(msg)
+            return
+        with make_executor(workers, ray) as executor:
+            with FanOutProgress(left, f"sweep {spec.name}") as bar:
+                res = program.run_sweep(spec, node.params, store=store, retry_failed=retry_failed, executor=executor,
+                                        on_start=lambda pt: bar.start(f"point {pt.index} ({pt.label()})"),
+                                        on_result=lambda pt, r: bar.finish(r))
+                backend = executor.describe()
         out = res.to_record()
         if json_out:
             emit_json(out)
         else:
+            if out["ran"] or out["failed"]:
+                print_table(res.workers, title="points per worker")
             print(f"sweep {spec.name} ({spec.sweep_id}): {out['ran']} ran, {out['skipped']} already recorded, "
-                  f"{out['failed']} failed, of {out['points']} points")
+                  f"{out['failed']} failed, of {out['points']} points; on {backend}")
+        for o in res.failed:
+            where = f" on {o.worker}" if o.worker else ""
+            print(f"workbench: point {o.point.index} ({o.point.label()}) failed{where}: {o.error}", file=sys.stderr)
         if res.failed:
             raise typer.Exit(1)

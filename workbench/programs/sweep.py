@@ -33,7 +33,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import tomllib
 from typing import Any, Callable
 
@@ -61,6 +60,7 @@ class SweepSpec:
     grid: dict[str, list]
     points_list: tuple[dict, ...]
     path: str = ""
+    memory_gb: float | None = None  # [sweep] memory_gb: what one point needs (Ray requests it per task)
 
     @property
     def sweep_id(self) -> str:
@@ -130,8 +130,11 @@ def load_sweep(path: str) -> SweepSpec:
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise WorkbenchError(f"{path}: [grid] {k} must be a non-empty list, got {v!r}")
+    mem = head.get("memory_gb")
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or not mem > 0):
+        raise WorkbenchError(f"{path}: [sweep] memory_gb must be a positive number (GiB one point needs), got {mem!r}")
     return SweepSpec(name.strip(), tuple(command.split()), dict(fixed), {k: list(v) for k, v in grid.items()},
-                     tuple(dict(p) for p in pts), path)
+                     tuple(dict(p) for p in pts), path, float(mem) if mem is not None else None)
 
 
 def point_argv(command: tuple[str, ...], params: dict[str, Any], cparams: list) -> list[str]:
@@ -166,6 +169,7 @@ class PointOutcome:
     status: str                   # "done" (ran now) | "skipped" (already recorded) | "failed"
     error: str | None = None
     seconds: float | None = None
+    worker: str | None = None     # host:pid of the worker it ran on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +177,8 @@ class SweepResult:
     name: str
     sweep_id: str
     outcomes: tuple[PointOutcome, ...]
+    backend: str = "in-process"
+    workers: tuple = ()           # executor.worker_rows: per worker, tasks, failed, busy seconds
 
     @property
     def failed(self) -> list[PointOutcome]:
@@ -182,8 +188,9 @@ class SweepResult:
         return {"sweep": self.name, "sweep_id": self.sweep_id, "points": len(self.outcomes),
                 "ran": sum(o.status == "done" for o in self.outcomes),
                 "skipped": sum(o.status == "skipped" for o in self.outcomes), "failed": len(self.failed),
+                "backend": self.backend, "workers": list(self.workers),
                 "outcomes": [{"index": o.point.index, "params": o.point.params, "key": o.point.key, "status": o.status,
-                              "error": o.error, "seconds": o.seconds} for o in self.outcomes]}
+                              "error": o.error, "seconds": o.seconds, "worker": o.worker} for o in self.outcomes]}
 
 
 def recorded_keys(store: Store, sweep_id: str) -> set[str]:
@@ -221,26 +228,65 @@ def _log(path: str, entry: dict) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
-def run_point(spec: SweepSpec, point: Point, argv: list[str], timeout: float | None = None) -> tuple[bool, str | None]:
-    """Run one point in a fresh process; (ok, the last line it printed on stderr when it failed)."""
+def memory_estimate(spec: SweepSpec, params: dict[str, Any]) -> int:
+    """Bytes a point's process needs (Ray requests this much per task): `memory_gb` in [sweep] when given, else a
+    fresh workbench process (1 GiB: Python, JAX, XLA) plus three float32 arrays of the largest product of two of the
+    point's sizes (a matmul's m x k, a softmax's rows x cols), doubled for the compiler's temporaries."""
+    if spec.memory_gb:
+        return int(spec.memory_gb * 2**30)
+    sizes = [int(v) for v in params.values() if isinstance(v, int) and not isinstance(v, bool) and v > 1]
+    biggest = max([a * b for a, b in itertools.combinations(sizes, 2)] + sizes + [0])
+    return 2**30 + 2 * 3 * 4 * biggest
+
+
+def execute_point(name: str, sweep_id: str, command: tuple[str, ...], index: int, key: str, params: dict[str, Any],
+                  argv: list[str], timeout: float | None = None) -> dict:
+    """One point, on whichever worker runs it: the command in a fresh process whose records go to a private outbox
+    file ($WORKBENCH_OUTBOX), not the store; returns {"ok", "error", "records"} for the parent to write once."""
+    import tempfile
+
+    from workbench.results.store import OUTBOX_ENV
+
     env = dict(os.environ)
-    env["WORKBENCH_SWEEP"] = json.dumps({"name": spec.name, "id": spec.sweep_id, "point": point.key,
-                                         "index": point.index, "params": point.params}, default=str)
+    env["WORKBENCH_SWEEP"] = json.dumps({"name": name, "id": sweep_id, "point": key, "index": index,
+                                         "params": params}, default=str)
     env.setdefault("JAX_PLATFORMS", "cpu")
-    if "xla_flags" in point.params:
-        env["XLA_FLAGS"] = str(point.params["xla_flags"])
-    p = subprocess.run([sys.executable, "-m", "workbench", *spec.command, *argv], env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    if p.returncode == 0:
-        return True, None
-    lines = [ln for ln in (p.stderr or p.stdout or "").strip().splitlines() if ln.strip()]
-    return False, (lines[-1] if lines else f"exit {p.returncode}")[:300]
+    if "xla_flags" in params:
+        env["XLA_FLAGS"] = str(params["xla_flags"])
+    with tempfile.TemporaryDirectory(prefix="workbench-point-") as tmp:
+        outbox = env[OUTBOX_ENV] = os.path.join(tmp, "records.jsonl")
+        p = subprocess.run([sys.executable, "-m", "workbench", *command, *argv], env=env, capture_output=True,
+                           text=True, timeout=timeout)
+        records = Store(outbox).records() if os.path.exists(outbox) else []
+    if p.returncode != 0:
+        lines = [ln for ln in (p.stderr or p.stdout or "").strip().splitlines() if ln.strip()]
+        return {"ok": False, "error": (lines[-1] if lines else f"exit {p.returncode}")[:300], "records": []}
+    if not records:
+        return {"ok": False, "error": f"`workbench {' '.join(command)}` ran but recorded nothing (does it record?)",
+                "records": []}
+    return {"ok": True, "error": None, "records": records}
+
+
+def run_point(spec: SweepSpec, point: Point, argv: list[str], timeout: float | None = None,
+              store: Store | None = None) -> tuple[bool, str | None]:
+    """Run one point here and write its records; (ok, its one-line error when it failed)."""
+    out = execute_point(spec.name, spec.sweep_id, spec.command, point.index, point.key, point.params, argv, timeout)
+    if out["ok"]:
+        (store or Store()).append_point(out["records"], spec.sweep_id, point.key)
+    return out["ok"], out["error"]
 
 
 def run_sweep(spec: SweepSpec, cparams: list, *, store: Store | None = None, dry_run: bool = False,
-              retry_failed: bool = False, on_point: Callable[[int, int, Point, str], None] | None = None) -> SweepResult:
-    """Run every point not yet recorded (see the module docstring); `cparams` are the command's click parameters;
-    `on_point(done, total, point, status)` reports progress."""
+              retry_failed: bool = False, on_point: Callable[[int, int, Point, str], None] | None = None,
+              executor=None, on_start: Callable[[Point], None] | None = None,
+              on_result: Callable[[Point, Any], None] | None = None) -> SweepResult:
+    """Run every point not yet recorded (see the module docstring) on `executor` (workbench.programs.executor;
+    default in-process, one point after the other); `cparams` are the command's click parameters. Workers return
+    each point's records and this process writes them, once per point key. `on_start(point)` as a point is handed
+    to a worker, `on_result(point, executor.Result)` as it comes back, `on_point(done, total, point, status)` for
+    every point, recorded ones included."""
+    from workbench.programs import executor as ex
+
     store = store or Store()
     points = spec.points()
     argvs = {}
@@ -256,23 +302,48 @@ def run_sweep(spec: SweepSpec, cparams: list, *, store: Store | None = None, dry
     done = recorded_keys(store, spec.sweep_id)
     flog = failure_log(store, spec)
     failed_before = _failed_keys(flog)
-    outcomes = []
-    for i, pt in enumerate(points):
+    outcomes: dict[str, PointOutcome] = {}
+    todo: list[Point] = []
+    finished = 0
+
+    def report(pt: Point):
+        nonlocal finished
+        finished += 1
+        if on_point:
+            on_point(finished, len(points), pt, outcomes[pt.key].status)
+
+    for pt in points:
         if pt.key in done:
-            outcomes.append(PointOutcome(pt, "skipped"))
+            outcomes[pt.key] = PointOutcome(pt, "skipped")
         elif pt.key in failed_before and not retry_failed:
-            outcomes.append(PointOutcome(pt, "failed", failed_before[pt.key]))
+            outcomes[pt.key] = PointOutcome(pt, "failed", failed_before[pt.key])
         elif pt.key in errors:
-            outcomes.append(PointOutcome(pt, "failed", errors[pt.key]))
+            outcomes[pt.key] = PointOutcome(pt, "failed", errors[pt.key])
             _log(flog, {"key": pt.key, "params": pt.params, "status": "failed", "error": errors[pt.key]})
         else:
-            t0 = time.perf_counter()
-            ok, err = run_point(spec, pt, argvs[pt.key])
-            secs = time.perf_counter() - t0
-            if ok and pt.key not in recorded_keys(store, spec.sweep_id):
-                ok, err = False, f"`workbench {' '.join(spec.command)}` ran but recorded nothing (does it record?)"
-            outcomes.append(PointOutcome(pt, "done" if ok else "failed", err, secs))
-            _log(flog, {"key": pt.key, "params": pt.params, "status": "done" if ok else "failed", "error": err})
-        if on_point:
-            on_point(i + 1, len(points), pt, outcomes[-1].status)
-    return SweepResult(spec.name, spec.sweep_id, tuple(outcomes))
+            todo.append(pt)
+            continue
+        report(pt)
+    executor = executor or ex.InProcessExecutor()
+    by_key = {pt.key: pt for pt in todo}
+    tasks = [ex.Task(pt.key, f"point {pt.index} ({pt.label()})", execute_point,
+                     (spec.name, spec.sweep_id, spec.command, pt.index, pt.key, pt.params, argvs[pt.key]),
+                     memory_estimate(spec, pt.params)) for pt in todo]
+    results = []
+    for r in executor.run(tasks, on_start=(lambda t: on_start(by_key[t.key])) if on_start else None):
+        pt = by_key[r.task.key]
+        ok, err = r.ok, r.error
+        if ok:
+            ok, err = r.value["ok"], r.value["error"]
+        if ok:
+            store.append_point(r.value["records"], spec.sweep_id, pt.key)  # exactly once, by the point's key
+        r = dataclasses.replace(r, ok=ok, error=err)
+        results.append(r)
+        outcomes[pt.key] = PointOutcome(pt, "done" if ok else "failed", err, r.seconds, r.worker)
+        _log(flog, {"key": pt.key, "params": pt.params, "status": "done" if ok else "failed", "error": err,
+                    "worker": r.worker})
+        if on_result:
+            on_result(pt, r)
+        report(pt)
+    return SweepResult(spec.name, spec.sweep_id, tuple(outcomes[pt.key] for pt in points), executor.name,
+                       tuple(ex.worker_rows(results)))

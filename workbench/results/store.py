@@ -31,6 +31,7 @@ from workbench.hardware.devices import device_info
 
 SCHEMA = 1
 FILENAME = "records.jsonl"
+OUTBOX_ENV = "WORKBENCH_OUTBOX"  # set by `workbench sweep` in a point's process: records go there, not to the store
 
 
 def default_dir() -> str:
@@ -81,29 +82,62 @@ class Store:
         self.path = path if path.endswith(".jsonl") else os.path.join(path, FILENAME)
 
     def append(self, record: dict) -> dict:
-        """Append one record atomically (one complete line). Returns the record as stored."""
+        """Append one record atomically (one complete line). Returns the record as stored. Inside a fanned-out sweep
+        point ($WORKBENCH_OUTBOX set) the record goes to that file instead: the sweep's parent reads it back and
+        writes it to the store once (`append_point`)."""
         line = json.dumps(clean(record), default=str, allow_nan=False) + "\n"
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        outbox = os.environ.get(OUTBOX_ENV)
+        self._write_lines(outbox or self.path, [line], None)
+        return json.loads(line)
+
+    def append_point(self, records: list[dict], sweep_id: str, point: str) -> bool:
+        """Write a sweep point's records exactly once: under the store's lock, unless a record of that sweep and point
+        key is already there (a retried task, a second sweep over the same file); all of them in one write(), so a
+        point is either wholly recorded or not at all. Returns whether they were written."""
+        lines = [json.dumps(clean(r), default=str, allow_nan=False) + "\n" for r in records]
+
+        def recorded(fd: int, size: int) -> bool:
+            os.lseek(fd, 0, os.SEEK_SET)
+            with os.fdopen(os.dup(fd), "rb", closefd=True) as f:
+                for raw in f:
+                    if point.encode() not in raw or not raw.endswith(b"\n"):
+                        continue
+                    try:
+                        sw = (json.loads(raw).get("provenance") or {}).get("sweep") or {}
+                    except (json.JSONDecodeError, AttributeError):
+                        continue
+                    if sw.get("id") == sweep_id and sw.get("point") == point:
+                        return True
+            return False
+
+        return bool(lines) and self._write_lines(self.path, lines, recorded)
+
+    def _write_lines(self, path: str, lines: list[str], skip_if) -> bool:
+        """Append complete lines with one write() under an exclusive lock (`skip_if(fd, size)`: checked under the
+        lock; True writes nothing). Returns whether they were written."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.lseek(fd, 0, os.SEEK_END)
             if size > 0:
                 os.lseek(fd, size - 1, os.SEEK_SET)
                 if os.read(fd, 1) != b"\n":
-                    size = self._set_aside_torn_tail(fd, size)
-            data = line.encode()
+                    size = self._set_aside_torn_tail(fd, size, path)
+            if skip_if is not None and skip_if(fd, size):
+                return False
+            data = "".join(lines).encode()
             written = os.write(fd, data)
             if written != len(data):
                 os.ftruncate(fd, size)
-                raise WorkbenchError(f"short write to {self.path}; the partial record was removed")
+                raise WorkbenchError(f"short write to {path}; the partial record was removed")
             os.fsync(fd)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-        return json.loads(line)
+        return True
 
-    def _set_aside_torn_tail(self, fd: int, size: int) -> int:
+    def _set_aside_torn_tail(self, fd: int, size: int, path: str | None = None) -> int:
         """The file ends in part of a record (a writer killed mid-append: a write of many pages can stop between two
         when the process gets SIGKILL): copy that part to `<path>.torn-<time>` (nothing is lost), cut it off, and
         return the new size. Called with the store's lock held, so no live writer is mid-record."""
@@ -115,11 +149,12 @@ class Store:
                 break
             data += chunk
         keep = data.rfind(b"\n") + 1
-        aside = f"{self.path}.torn-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%S%f')}"
+        path = path or self.path
+        aside = f"{path}.torn-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%S%f')}"
         with open(aside, "wb") as f:
             f.write(data[keep:])
         os.ftruncate(fd, keep)
-        print(f"workbench: {self.path} ended in an incomplete record (a writer was killed mid-append); its "
+        print(f"workbench: {path} ended in an incomplete record (a writer was killed mid-append); its "
               f"{size - keep} bytes were moved to {aside}", file=sys.stderr)
         return keep
 
