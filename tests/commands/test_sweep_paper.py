@@ -146,3 +146,67 @@ def test_notebooks_execute_on_a_small_store(tmp_path):
     assert "float32" in prec and "bf16" in prec and "2 records" in prec
     for pdf in res["figures"]:
         assert os.path.getsize(pdf) > 1000 and os.path.exists(pdf[:-4] + ".png")
+
+
+def test_sweep_over_workers_survives_a_killed_worker_with_one_record_per_point(tmp_path):
+    """--workers 2: a worker process killed mid-point takes its point with it; the point is run again on a new
+    worker, the sweep ends with exactly one record per point, and a rerun has nothing left to do."""
+    psutil = pytest.importorskip("psutil")
+    f = tmp_path / "s.toml"
+    f.write_text(GRID.format(name="workers", ms="128, 256, 384"))
+    p = subprocess.Popen([sys.executable, "-m", "workbench", "sweep", str(f), "--workers", "2", "--json"], cwd=ROOT,
+                         env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed, t0 = None, time.time()
+    while killed is None and p.poll() is None and time.time() - t0 < 300:
+        for w in psutil.Process(p.pid).children():  # the pool's workers; a busy one runs its point's process
+            try:
+                if any("workbench" in " ".join(c.cmdline()) for c in w.children()):
+                    w.kill()
+                    killed = w.pid
+                    break
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.1)
+    out, err = p.communicate(timeout=600)
+    assert killed is not None, "no worker was caught mid-point"
+    assert p.returncode == 0, err[-500:]
+    res = json.loads(out)
+    assert res["ran"] == 3 and res["backend"] == "local pool"
+    assert all(o["worker"] and str(killed) not in o["worker"] for o in res["outcomes"])
+    keys = [r["provenance"]["sweep"]["point"] for r in _records(tmp_path)]
+    assert len(keys) == 3 and len(set(keys)) == 3
+    again = _sweep(tmp_path, str(f), "--workers", "2")
+    assert again.returncode == 0 and "nothing left to do" in again.stdout and len(_records(tmp_path)) == 3
+
+
+def test_bad_back_end_options_are_one_line_exit_2(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(GRID.format(name="opts", ms="128"))
+    for args in (("--workers", "0"), ("--workers", "2", "--ray", "auto")):
+        p = _sweep(tmp_path, str(f), *args)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not _records(tmp_path)
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # Ray starts its daemons from this (JAX) process
+def test_sweep_on_a_local_ray_cluster_records_each_point_once(tmp_path):
+    ray = pytest.importorskip("ray")
+    from workbench.programs.executor import RayExecutor
+
+    f = tmp_path / "s.toml"
+    f.write_text(GRID.format(name="ray", ms="128, 256"))
+    spec = sw.load_sweep(str(f))
+    import typer.main
+
+    from workbench.cli import app
+    cparams = typer.main.get_command(app).commands["roofline"].params
+    store = Store(str(tmp_path / "records.jsonl"))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        res = sw.run_sweep(spec, cparams, store=store, executor=RayExecutor("auto"))
+    finally:
+        ray.shutdown()
+    assert res.backend == "ray" and [o.status for o in res.outcomes] == ["done", "done"], res.to_record()
+    keys = [r["provenance"]["sweep"]["point"] for r in _records(tmp_path)]
+    assert sorted(keys) == sorted(pt.key for pt in spec.points())

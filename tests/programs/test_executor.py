@@ -1,0 +1,80 @@
+"""The fan-out executor's back-ends (in-process, local pool, Ray) and the store's write-once of a sweep point. Tasks
+here are stdlib functions (nothing to compile); the sweeps over workers and Ray are in
+tests/commands/test_sweep_paper.py."""
+import json
+import operator
+import os
+
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.programs import executor as ex
+from workbench.results.store import OUTBOX_ENV, Store, make_record
+
+TASKS = [ex.Task("add", "add", operator.add, (1, 2)), ex.Task("div", "div", operator.truediv, (1, 0)),
+         ex.Task("mul", "mul", operator.mul, (3, 4))]
+
+
+def _check(results):
+    by = {r.task.key: r for r in results}
+    assert set(by) == {"add", "div", "mul"}
+    assert by["add"].ok and by["add"].value == 3 and by["mul"].value == 12
+    bad = by["div"]
+    assert not bad.ok and bad.error.startswith("ZeroDivisionError") and "\n" not in bad.error
+    assert bad.worker.count(":") == 1  # host:pid it ran on
+    return by
+
+
+def test_in_process_runs_each_task_here_and_reports_failures_with_their_worker():
+    started = []
+    by = _check(list(ex.InProcessExecutor().run(TASKS, on_start=lambda t: started.append(t.key))))
+    assert started == ["add", "div", "mul"] and by["add"].worker.endswith(f":{os.getpid()}")
+
+
+def test_local_pool_runs_tasks_in_other_processes():
+    with ex.make_executor(workers=2) as pool:
+        assert isinstance(pool, ex.PoolExecutor) and pool.slots() == 2
+        by = _check(list(pool.run(TASKS)))
+    assert not by["add"].worker.endswith(f":{os.getpid()}")
+    rows = ex.worker_rows(by.values())
+    assert sum(r["tasks"] for r in rows) == 3 and sum(r["failed"] for r in rows) == 1
+
+
+@pytest.mark.parametrize("workers,ray,msg", [(0, None, "positive whole number"), (-3, None, "positive"),
+                                             (2, "auto", "give one"), (None, "127.0.0.1:1", "no Ray cluster answers"),
+                                             (None, "not-an-address", "not an address")])
+def test_bad_options_are_one_line_errors(workers, ray, msg):
+    if ray and ray != "auto":
+        pytest.importorskip("ray")
+    with pytest.raises(WorkbenchError, match=msg) as e:
+        ex.make_executor(workers, ray)
+    assert "\n" not in str(e.value)
+
+
+def test_append_point_writes_a_point_once(tmp_path, monkeypatch):
+    store = Store(str(tmp_path))
+    monkeypatch.setenv("WORKBENCH_SWEEP", json.dumps({"name": "s", "id": "sid", "point": "p1"}))
+    recs = [make_record("roofline-op", {"op": "matmul", "i": i}) for i in range(2)]
+    monkeypatch.delenv("WORKBENCH_SWEEP")
+    assert store.append_point(recs, "sid", "p1") is True
+    assert store.append_point(recs, "sid", "p1") is False  # a retried task: nothing written again
+    assert store.append_point(recs, "other-sweep", "p1") is True
+    assert len(store.records()) == 4
+    # inside a point's process, appends go to its outbox, not the store
+    monkeypatch.setenv(OUTBOX_ENV, str(tmp_path / "outbox.jsonl"))
+    store.append(make_record("roofline-op", {"op": "softmax"}))
+    monkeypatch.delenv(OUTBOX_ENV)
+    assert len(store.records()) == 4 and len(Store(str(tmp_path / "outbox.jsonl")).records()) == 1
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # Ray starts its daemons from this (JAX) process
+def test_ray_tasks_on_a_local_two_cpu_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with ex.make_executor(ray="auto") as r:
+            assert r.slots() == 2 and not r.started  # joined the cluster the test started; leaves it running
+            tasks = [ex.Task(t.key, t.label, t.fn, t.args, memory_bytes=64 * 2**20) for t in TASKS]
+            _check(list(r.run(tasks)))
+    finally:
+        ray.shutdown()
