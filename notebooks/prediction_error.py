@@ -2,7 +2,7 @@
 # # How good are the predictions? Held-out ops and whole programs
 # The latest record of kind `prediction_error` (`python -m benchmarks.prediction_error`): every op and program with
 # its predicted and measured time; in-sample ops (the calibration's own sizes) apart from held-out ones. Each row is
-# measured at the median of three timings spread over the run (two in records before the ninth session): the line
+# measured at the median of three timings spread over the run (older records hold two): the line
 # through a point spans its timings, the host's own repeatability.
 
 # %%
