@@ -78,3 +78,29 @@ def test_ray_tasks_on_a_local_two_cpu_cluster():
             _check(list(r.run(tasks)))
     finally:
         ray.shutdown()
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_plan_on_ray_ranks_as_in_process_and_shares_the_outcome_cache(results_dir, tmp_path, monkeypatch):
+    """Each candidate compiled as a Ray task (a fresh worker process each); the outcome cache the workers fill is
+    the one the in-process planner reads, so the same plan here compiles nothing and ranks the same."""
+    ray = pytest.importorskip("ray")
+    from partitioning import topology as topo
+    from workbench.programs import plan as wplan
+
+    if not topo.libtpu_available():
+        pytest.skip("libtpu not installed (pip install -e .[tpu])")
+    monkeypatch.setenv("WORKBENCH_PLAN_CACHE", str(tmp_path / "plan-cache"))
+    kw = dict(batch=8, strategies=["dp", "fsdp"], max_candidates=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        r = wplan.plan("tiny", "tpu-v5e:2x2", executor=ex.RayExecutor("auto"), **kw)
+    finally:
+        ray.shutdown()
+    assert r["backend"] == "ray" and r["n_feasible"] == 2 and r["compiled_fresh"] == 2
+    here = wplan.plan("tiny", "tpu-v5e:2x2", workers=1, **kw)
+    assert here["compiled_fresh"] == 0 and all(x["cached"] for x in here["ranking"])
+    rank = lambda res: [(x["strategy"], x["mesh"], x["predicted_step_s"]) for x in res["ranking"]]  # noqa: E731
+    assert rank(here) == rank(r)
+    assert [rec["kind"] for rec in Store().records()].count("predict") == 4  # written here, once per candidate

@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         policy: str = typer.Option("bf16", "--policy", help="precision policy"),
         set_: Optional[str] = typer.Option(None, "--set", help="model config overrides k=v,k=v"),
         workers: Optional[int] = typer.Option(None, "--workers", help="parallel compiles (default: cores, max 4)"),
+        ray: Optional[str] = typer.Option(None, "--ray", help="compile each candidate as a Ray task: auto (the cluster "
+                                          "on this machine, or a local one) or the head's address HOST:6379"),
         no_cache: bool = typer.Option(False, "--no-cache", help="ignore cached candidate outcomes"),
         exhaustive: bool = typer.Option(False, "--exhaustive",
                                         help="also compile remat/microbatched variants of programs that already fit"),
@@ -59,21 +61,29 @@ def register(app: typer.Typer) -> None:
         positive_int("--top", top)
         if workers is not None:
             positive_int("--workers", workers)
+        from workbench.programs.executor import check_options, make_executor
+
+        check_options(workers, ray)
         tgt = setup_target_devices(target, gpu_compiler)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from workbench.programs.plan import plan
 
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=stderr_console(), transient=True) as prog:
-            task = prog.add_task(f"planning {preset} on {tgt.name}", total=None)
+        executor = make_executor(ray=ray) if ray is not None else None
+        try:
+            with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=stderr_console(), transient=True) as prog:
+                task = prog.add_task(f"planning {preset} on {tgt.name}", total=None)
 
-            def on_progress(done, total, msg):
-                prog.update(task, completed=done, total=total, description=f"{msg[:60]}")
+                def on_progress(done, total, msg):
+                    prog.update(task, completed=done, total=total, description=f"{msg[:60]}")
 
-            r = plan(preset, tgt.name, batch=batch, seq=seq, max_candidates=max_candidates, strategies=strats,
-                     policy=policy, overrides=set_, workers=workers, use_cache=not no_cache,
-                     exhaustive=exhaustive, gpu_compiler=gpu_compiler, on_progress=on_progress)
+                r = plan(preset, tgt.name, batch=batch, seq=seq, max_candidates=max_candidates, strategies=strats,
+                         policy=policy, overrides=set_, workers=workers, use_cache=not no_cache,
+                         exhaustive=exhaustive, gpu_compiler=gpu_compiler, on_progress=on_progress, executor=executor)
+        finally:
+            if executor is not None:
+                executor.close()
         if as_json:
             emit_json(r)
             return
@@ -87,6 +97,7 @@ def register(app: typer.Typer) -> None:
         table(rows, f"workbench plan · {preset} on {tgt.name} · batch {r['batch']} × seq {r['seq']}")
         print(f"{r['n_feasible']} feasible of {r['candidates_tried']} tried ({r['candidates_enumerated']} enumerated; "
               f"{r['n_does_not_fit']} do not fit, {r['n_invalid']} invalid, {r['n_pruned']} pruned: remat/"
-              f"microbatching of programs that already fit) in {fmt(r['elapsed_s'])}s with {r['workers']} workers")
+              f"microbatching of programs that already fit) in {fmt(r['elapsed_s'])}s with {r['workers']} workers "
+              f"({r['backend']})")
         print(r["explanation"])
         print(f"predicted step times: {err.get('text')}")

@@ -40,6 +40,7 @@ class Task:
     fn: Callable[..., Any]         # a module-level function (pickled to the worker)
     args: tuple = ()
     memory_bytes: int | None = None  # what the task needs (Ray requests it; the others ignore it)
+    fresh_process: bool = False    # Ray: a new worker process for it (max_calls=1), for work that sets up JAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +231,7 @@ class RayExecutor(Executor):
             self.started = True
         self.ray = ray
         self.remote = ray.remote(call)
+        self.remote_fresh = ray.remote(max_calls=1)(call)
 
     def slots(self) -> int:
         return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
@@ -250,7 +252,8 @@ class RayExecutor(Executor):
                 opts: dict[str, Any] = {"num_cpus": 1, "max_retries": self.retries, "name": t.label[:60]}
                 if t.memory_bytes:
                     opts["memory"] = int(t.memory_bytes)
-                live[self.remote.options(**opts).remote(t.fn, t.args)] = t
+                fn = self.remote_fresh if t.fresh_process else self.remote
+                live[fn.options(**opts).remote(t.fn, t.args)] = t
                 if on_start:
                     on_start(t)
             ready, _ = ray.wait(list(live), num_returns=1)

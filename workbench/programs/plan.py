@@ -174,7 +174,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
          max_candidates: int | None = 24, strategies: list[str] | None = None, policy: str = "bf16",
          overrides: str | None = None, workers: int | None = None, use_cache: bool = True, store: bool = True,
          exhaustive: bool = False, gpu_compiler: str = "auto",
-         on_progress: Callable[[int, int, str], None] | None = None) -> PlanResult:
+         on_progress: Callable[[int, int, str], None] | None = None, executor=None) -> PlanResult:
     """Enumerate, compile (in parallel), drop non-fitting, rank by predicted step time.
 
     Pruning (unless exhaustive): rematerialization and microbatching only save memory — they add recompute or
@@ -182,6 +182,10 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     remat is tried where the plain one does not fit, microbatching where neither does. A mesh whose sharded state
     alone overflows HBM, or that the rules cannot shard, gets no variants either (neither can help). Pruned
     candidates are listed with the reason.
+
+    `executor` (workbench.programs.executor; None: this process, compiling in `workers` threads): a back-end that runs
+    each candidate whole (lower, cache, compile, predict) on its own worker (`candidate_outcome`); the outcome comes
+    back here, where the records are written and the tiers pruned, as in-process.
     """
     t0 = time.perf_counter()
     t = topo.parse_target(target)
@@ -197,7 +201,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     if compiler == "cpu-sim" and use_cache:
 
         enable_compilation_cache()
-    workers = workers or default_workers()
+    workers = executor.slots() if executor is not None else (workers or default_workers())
     outcomes: list[Outcome] = []
     pruned: list[dict] = []
     state = {"done": 0, "expected": min(budget, sum(1 for c in cands if exhaustive or _tier(c) == 0))}
@@ -225,13 +229,17 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
                 break
             group = group[:room]
             state["expected"] = len(outcomes) + len(group) if tier > 0 else state["expected"]
-            outcomes.extend(_run(group, pool, workers, compiler, use_cache, store, tick))
+            if executor is not None:
+                outcomes.extend(_run_on(executor, group, t, gpu_compiler, use_cache, store, tick))
+            else:
+                outcomes.extend(_run(group, pool, workers, compiler, use_cache, store, tick))
     elapsed = time.perf_counter() - t0
     result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
                        compiler if t.kind == "gpu" else "libtpu")
     result["pruned"] = pruned
     result["n_pruned"] = len(pruned)
     result["exhaustive"] = exhaustive
+    result["backend"] = executor.name if executor is not None else "in-process"
     if store:
 
         Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
@@ -315,6 +323,71 @@ def _drain(pending, outcomes, store, tick, how):
                             "prediction": pred.to_dict() if pred is not None else None})
         outcomes[i] = _finish(spec, body, store)
         tick(label)
+
+
+def candidate_outcome(spec: wp.PredictSpec, gpu_compiler: str, use_cache: bool, cache_dir: str) -> dict:
+    """One candidate, whole, on whichever worker runs it (a fresh process: the target's devices are set up before
+    JAX starts): lower, look in the outcome cache (`cache_dir`, shared by every worker), compile, predict, fill the
+    cache. Returns {"invalid": reason} or the cache entry's {"body", "costs", "prediction", "cached"}."""
+    os.environ["WORKBENCH_PLAN_CACHE"] = cache_dir
+    from workbench.commands.predict import setup_target_devices
+
+    t = setup_target_devices(spec.target, gpu_compiler)
+    compiler = topo.gpu_compiler_for(t, gpu_compiler)
+    if compiler == "cpu-sim" and use_cache:
+        enable_compilation_cache()
+    try:
+        lw = wp.lower(spec)
+        if lw.lowered is None:  # the sharded state alone overflows HBM: no compile needed
+            tp = wp.predict_lowered(lw)
+            key = None
+        else:
+            key = cache_key(lw) if (use_cache and compiler != "cpu-sim") else None
+            hit = cache_get(key) if key else None
+            if hit is not None:
+                return {**hit, "cached": True}
+            tp = wp.predict_lowered(lw, *wp.compile_lowered(lw))
+    except WorkbenchError as e:
+        return {"invalid": str(e)}
+    except Exception as e:  # noqa: BLE001 - a compiler failure on one candidate must not end the plan
+        return {"invalid": f"compile failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    entry = {"body": tp.to_record(), "costs": tp.cost.to_dict() if hasattr(tp.cost, "to_dict") else tp.cost,
+             "prediction": tp.prediction.to_dict() if hasattr(tp.prediction, "to_dict") else tp.prediction}
+    if key:
+        cache_put(key, entry)
+    return {**entry, "cached": False}
+
+
+def candidate_memory(t: topo.Target) -> int:
+    """Host memory one candidate's compile is given (Ray requests it per task): 2 GiB for the process, JAX and XLA,
+    plus 32 MiB per device of the target (the partitioner's per-device copies grow with the mesh)."""
+    return 2 * 2**30 + 32 * 2**20 * t.n_devices
+
+
+def _run_on(executor, group: list[wp.PredictSpec], t: topo.Target, gpu_compiler: str, use_cache: bool, store: bool,
+            tick) -> list[Outcome]:
+    """Each candidate on the executor's workers (candidate_outcome); outcomes (and records) written here, in input
+    order."""
+    from workbench.programs.executor import Task
+
+    def label(spec):
+        return f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
+
+    outcomes: list[Outcome | None] = [None] * len(group)
+    tasks = [Task(str(i), label(spec), candidate_outcome, (spec, gpu_compiler, use_cache, os.path.abspath(_cache_dir())),
+                  candidate_memory(t), fresh_process=True) for i, spec in enumerate(group)]
+    for r in executor.run(tasks):
+        i = int(r.task.key)
+        spec = group[i]
+        v = r.value if r.ok else {"invalid": f"{r.error} (on {r.worker or 'a worker that died'})"}
+        if "invalid" in v:
+            outcomes[i] = Outcome(spec, "invalid", reason=v["invalid"])
+            tick(label(spec) + " (invalid)")
+            continue
+        tp = wp.TargetPrediction(v["body"], v.get("costs"), v.get("prediction"))
+        outcomes[i] = _finish(spec, tp, store, cached=v.get("cached", False))
+        tick(label(spec) + (" (cached)" if v.get("cached") else ""))
+    return [o for o in outcomes if o is not None]
 
 
 def _finish(spec, tp: wp.TargetPrediction, store: bool, cached: bool = False) -> Outcome:
