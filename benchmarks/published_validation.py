@@ -1,6 +1,7 @@
 """Predictions for published large-scale training runs, compiled for their targets from this host.
 
     python -m benchmarks.published_validation [--only NAME[,NAME]] [--json] [--table PATH]
+                                              [--workers N | --ray auto|ADDRESS]
 
 Each row of benchmarks/data/published_runs.csv (MaxText on TPU v5e and v5p, torchtitan and NeMo on H100; facts
 with their sources) becomes a `workbench predict` spec (workbench.programs.validation.PublishedRun.spec: the
@@ -11,9 +12,11 @@ reason. The median |step-time error| overall and per chip family lands in report
 the results store (kind `published_validation`), where `workbench plan` reads the error it prints beside its
 predictions.
 
-These compiles are pod-scale (up to 256 chips, 7B-128B models): they run one at a time, never in tests, with
-progress on stderr. A GPU row needs as many simulated CPU devices as GPUs (when the CUDA plugin is absent); they are
-requested once, before JAX starts, for the largest GPU row selected.
+These compiles are pod-scale (up to 256 chips, 7B-128B models): they run one at a time (or one per worker with
+`--workers N` / `--ray`: workbench.programs.executor; each worker sets up its devices before its JAX starts, and the
+rows come back here to be written), never in tests, with progress on stderr. A GPU row needs as many simulated CPU
+devices as GPUs (when the CUDA plugin is absent); they are requested once, before JAX starts, for the largest GPU row
+selected.
 """
 from __future__ import annotations
 
@@ -76,12 +79,31 @@ def validate(run) -> dict:
     return row
 
 
+_DEVICES_SET: list[int | None] = []
+
+
+def _setup_devices(n_sim: int | None) -> None:
+    """The devices the rows compile for, once per process and before its JAX starts: `n_sim` simulated CPU devices
+    (GPU rows without the CUDA plugin), else the default platform."""
+    if not _DEVICES_SET:
+        request_devices(n_sim) if n_sim else default_platform()
+        _DEVICES_SET.append(n_sim)
+
+
+def validate_on_worker(run, n_sim: int | None) -> dict:
+    """One row on a fan-out worker (workbench.programs.executor): its devices, then validate."""
+    _setup_devices(n_sim)
+    return validate(run)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma list of run names (see benchmarks/data/published_runs.csv)")
     ap.add_argument("--json", action="store_true", help="JSON on stdout")
     ap.add_argument("--table", help="another published-runs CSV")
     ap.add_argument("--out", default=os.path.join("reports", "published_validation.json"))
+    ap.add_argument("--workers", type=int, help="compile the rows in N local worker processes")
+    ap.add_argument("--ray", help="compile each row as a Ray task: auto, or the cluster head's HOST:6379")
     args = ap.parse_args(argv)
 
 
@@ -97,25 +119,40 @@ def main(argv=None) -> int:
 
         targets = [parse_target(r.row["target"]) for r in runs]
         sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
-        if sim:
-            request_devices(max(sim))
-        else:
-            default_platform()
+        n_sim = max(sim) if sim else None
+        from workbench.programs.executor import Task, make_executor
+        from workbench.programs.plan import candidate_memory
+
+        executor = make_executor(args.workers, args.ray)
+        if executor.name == "in-process":
+            _setup_devices(n_sim)
     except WorkbenchError as e:
         print(f"published_validation: error: {e}", file=sys.stderr)
         return 2
 
-    rows = []
-    for i, run in enumerate(runs, 1):
-        _log(f"[{i}/{len(runs)}] {run.name}: compiling for {run.row['target']} ...")
-        row = validate(run)
-        rows.append(row)
-        if row.get("step_error") is not None:
-            _log(f"[{i}/{len(runs)}] {run.name}: predicted {row['predicted_step_s']:.3g}s vs published "
-                 f"{row['published_step_s']:.3g}s ({row['step_error']:+.1%}); MFU {row['predicted_mfu']:.3f} vs "
-                 f"{row['published_mfu'] if row['published_mfu'] is not None else '-'} ({row['wall_s']:.0f}s)")
-        else:
-            _log(f"[{i}/{len(runs)}] {run.name}: does not fit / not compared: {str(row.get('reason'))[:200]}")
+    tasks = [Task(str(i), run.name, validate_on_worker, (run, n_sim), candidate_memory(t),
+                  fresh_process=True) for i, (run, t) in enumerate(zip(runs, targets))]
+    by_index: dict[int, dict] = {}
+    n = len(runs)
+    with executor:
+        for r in executor.run(tasks, on_start=lambda t: _log(f"[{int(t.key) + 1}/{n}] {t.label}: compiling ...")):
+            i, run = int(r.task.key), runs[int(r.task.key)]
+            row = r.value if r.ok else {
+                "name": run.name, "chip": run.chip, "target": run.row["target"], "slice": run.row["target"],
+                "framework": run.row["framework"], "fits": False, "compiled": False, "step_error": None,
+                "mfu_error": None, "reason": f"worker failed: {r.error}"}
+            row["worker"] = r.worker
+            by_index[i] = row
+            k = f"[{len(by_index)}/{n}] {run.name}"
+            if row.get("step_error") is not None:
+                _log(f"{k}: predicted {row['predicted_step_s']:.3g}s vs published "
+                     f"{row['published_step_s']:.3g}s ({row['step_error']:+.1%}); MFU {row['predicted_mfu']:.3f} vs "
+                     f"{row['published_mfu'] if row['published_mfu'] is not None else '-'} ({row['wall_s']:.0f}s, "
+                     f"on {r.worker})")
+            else:
+                _log(f"{k}: does not fit / not compared (on {r.worker or 'a worker that died'}): "
+                     f"{str(row.get('reason'))[:200]}")
+    rows = [by_index[i] for i in sorted(by_index)]
     summary = summarize_errors(rows)
     out = {"runs": rows, **summary, "chips": sorted({r["chip"] for r in rows}),
            "error_convention": "step_error = predicted / published step time − 1; median of |step_error| over the "

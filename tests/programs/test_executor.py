@@ -104,3 +104,42 @@ def test_plan_on_ray_ranks_as_in_process_and_shares_the_outcome_cache(results_di
     rank = lambda res: [(x["strategy"], x["mesh"], x["predicted_step_s"]) for x in res["ranking"]]  # noqa: E731
     assert rank(here) == rank(r)
     assert [rec["kind"] for rec in Store().records()].count("predict") == 4  # written here, once per candidate
+
+
+def _tiny_runs_table(path):
+    """Two published-run rows reshaped to a tiny model on tpu-v5e:2x2 (compiles in seconds)."""
+    import csv
+
+    from workbench.programs.validation import TABLE
+    with open(TABLE, encoding="utf-8") as f:
+        base = next(csv.DictReader(f))
+    rows = [dict(base, name=f"tiny-{i}", target="tpu-v5e:2x2", n_chips="4", n_layers="2", d_model="64", n_heads="4",
+                 n_kv_heads="4", head_dim="16", d_ff="256", vocab_size="256", global_batch="8", per_device_batch="2",
+                 seq="64", parallelism=par, mesh=mesh, remat_here="none")
+            for i, (par, mesh) in enumerate((("fsdp", "data=4"), ("fsdp+tp", "data=2,model=2")))]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(base))
+        w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.mark.compile_heavy
+def test_published_validation_over_workers_predicts_as_serial(tmp_path):
+    import subprocess
+    import sys
+
+    from partitioning import topology as topo
+    if not topo.libtpu_available():
+        pytest.skip("libtpu not installed (pip install -e .[tpu])")
+    _tiny_runs_table(tmp_path / "runs.csv")
+    env = dict(os.environ, WORKBENCH_RESULTS=str(tmp_path / "store"))
+    out = {}
+    for name, extra in (("serial", []), ("workers", ["--workers", "2"])):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.published_validation", "--table", str(tmp_path / "runs.csv"),
+                            "--out", str(tmp_path / f"{name}.json"), "--json", *extra], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-500:]
+        out[name] = json.loads(p.stdout)["runs"]
+    pred = lambda rows: [(r["name"], r["predicted_step_s"], r["memory_per_device_bytes"]) for r in rows]  # noqa: E731
+    assert pred(out["workers"]) == pred(out["serial"]) and all(r["predicted_step_s"] for r in out["serial"])
+    assert len({r["worker"] for r in out["workers"]}) >= 1 and out["workers"][0]["worker"] != out["serial"][0]["worker"]
