@@ -16,7 +16,10 @@
 Keys map to the command's options by name (`head_dim` -> `--head-dim`; `true` adds a flag, `false` leaves it out)
 and to its positional arguments by their name (`op`). Each point runs in a fresh process (`python -m workbench ...`),
 so points may ask for their own device count (`devices = 8`) or XLA flags (`xla_flags = "..."`, set in the point's
-environment). The process appends its record(s) to the results store with `provenance.sweep` = {name, id, point}.
+environment). That process writes its record(s), with `provenance.sweep` = {name, id, point}, to a private outbox
+($WORKBENCH_OUTBOX); the worker hands them back and the sweep's own process writes them to the results store, once
+per point key (Store.append_point). Points run one after the other here, in N local worker processes, or as Ray
+tasks (workbench.programs.executor; `[sweep] memory_gb` sets what Ray reserves per point).
 
 Resumable: a point whose key (command, parameters, code commit, jax version, host) already has a record in the store
 is skipped, so killing a sweep at any moment loses nothing recorded (the store writes each record with one write()
