@@ -1,90 +1,215 @@
-"""Autoregressive inference with a KV cache: prefill a prompt, then decode one token at a time.
+"""The key-value cache and the cached forward pass: prefill a prompt, decode one token per sequence, verify a draft.
 
-    logits_btv, cache = prefill(model, tokens_bt, max_len=256)
-    logits_b1v, cache = decode_step(model, next_token_b1, cache)
+    cache = init_cache(model, batch_size=8, max_len=256)             # lengths (8,) all zero
+    logits_b1v, cache = prefill(model, tokens_bt, cache=cache, lengths_b=prompt_lengths, last_only=True)
+    logits_b1v, cache = decode_step(model, next_token_b1, cache)       # every row one position further
 
-The cache holds, per layer, keys and values (b, max_len, n_kv_heads, head_dim) in the policy's compute dtype and the
-number of filled positions. Both functions are pure given the model (jit them with nnx.jit or split/merge) so a
-predictor can compile a prefill and a decode step separately: prefill is compute-bound (b*t tokens per weight read),
-decode memory-bound (one token per weight and cache read).
+The cache holds, per layer, keys and values laid out (b, n_kv_heads, max_len, head_dim): attention reads a layer's
+keys as they lie (no transposed copy per step) and a new token's key/value is written into its row at that row's own
+length (`lengths`, one per sequence, so rows of a batch may hold prompts of different lengths: continuous batching).
+The write is a dynamic-update-slice per row; compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA
+writes it in place, so a decode step reads the weights and the cache once and writes only the new keys/values
+(tests/models/test_serving.py checks this from the compiled program).
+
+KV dtypes (`kv_dtype`): 'auto' (the policy's compute dtype), 'bfloat16', 'float8' (E4M3, saturating cast) and 'int8'
+(symmetric, one float32 scale per position and kv head, kept beside the cache as `k_scale`/`v_scale`). A quantized
+cache is dequantized where attention reads it.
+
+Scanned models (`scan_layers=True`) keep the cache stacked (n_layers, b, k, max_len, h) and scan over it; the scan
+writes every layer's cache back each step. The serving engine (models/serving.py) and the serving predictions run the
+layers unrolled instead (`unrolled`), as MaxText's inference configurations do (`scan_layers: false`), so that each
+layer's cache is a buffer of its own, updated in place.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 
 from workbench.errors import WorkbenchError
 
+KV_DTYPES = ("auto", "bfloat16", "float8", "int8")
+_KV_ALIASES = {"bf16": "bfloat16", "fp8": "float8", "float8_e4m3fn": "float8"}
 
-def init_cache(model, batch_size: int, max_len: int) -> dict:
+
+def kv_dtype_name(name: str) -> str:
+    n = _KV_ALIASES.get(name, name)
+    if n not in KV_DTYPES:
+        raise WorkbenchError(f"unknown KV-cache dtype {name!r}; choose one of auto, bf16, fp8, int8")
+    return n
+
+
+def _storage_dtype(kv: str, compute_dtype):
+    return {"auto": jnp.dtype(compute_dtype), "bfloat16": jnp.dtype(jnp.bfloat16),
+            "float8": jnp.dtype(jnp.float8_e4m3fn), "int8": jnp.dtype(jnp.int8)}[kv]
+
+
+def compute_dtype_of(model):
+    return model.head_dot.compute_dtype if hasattr(model.head_dot, "compute_dtype") else jnp.float32
+
+
+def _max_len_of(cache) -> int:
+    k = cache["k"]
+    return (k[0] if isinstance(k, list) else k).shape[-2]
+
+
+def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto") -> dict:
+    """An empty cache of max_len positions for batch_size sequences (all lengths zero)."""
     cfg = model.cfg
     if cfg.pos == "learned" and max_len > cfg.seq_len:
         raise WorkbenchError(f"max_len={max_len} exceeds the model's learned positions ({cfg.seq_len})")
-    dtype = model.head_dot.compute_dtype if hasattr(model.head_dot, "compute_dtype") else jnp.float32
-    shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
-    if cfg.scan_layers:  # stacked like the layer parameters: (n_layers, b, max_len, k, h)
-        return {"k": jnp.zeros((cfg.n_layers, *shape), dtype), "v": jnp.zeros((cfg.n_layers, *shape), dtype),
-                "index": jnp.zeros((), jnp.int32)}
-    return {"k": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
-            "v": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
-            "index": jnp.zeros((), jnp.int32)}
+    kv = kv_dtype_name(kv_dtype)
+    dtype = _storage_dtype(kv, compute_dtype_of(model))
+    shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+
+    def layers(shape_, dtype_):
+        if cfg.scan_layers:
+            return jnp.zeros((cfg.n_layers, *shape_), dtype_)
+        return [jnp.zeros(shape_, dtype_) for _ in range(cfg.n_layers)]
+
+    cache = {"k": layers(shape, dtype), "v": layers(shape, dtype), "lengths": jnp.zeros((batch_size,), jnp.int32)}
+    if kv == "int8":
+        cache["k_scale"] = layers(shape[:-1] + (1,), jnp.float32)
+        cache["v_scale"] = layers(shape[:-1] + (1,), jnp.float32)
+    return cache
 
 
-def _layer_cached(block, x_btd, positions_bt, mask_bts, k_cache, v_cache, start):
-    """One block on new tokens: write their keys/values into the cache at `start`, attend over the cache."""
+def cache_bytes(cache) -> int:
+    """Bytes of the cache's arrays (keys, values, scales, lengths)."""
+    return int(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache)))
+
+
+# ------------------------------------------------------------------------------------------------- one layer
+
+
+def _quantize_rows(x_bkth, dtype):
+    """New keys/values into the cache's storage dtype: (stored, scale or None)."""
+    if dtype == jnp.int8:
+        amax = jnp.max(jnp.abs(x_bkth.astype(jnp.float32)), axis=-1, keepdims=True)
+        scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+        return jnp.clip(jnp.round(x_bkth.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8), scale
+    if dtype == jnp.float8_e4m3fn:
+        lim = float(jnp.finfo(jnp.float8_e4m3fn).max)
+        return jnp.clip(x_bkth.astype(jnp.float32), -lim, lim).astype(dtype), None
+    return x_bkth.astype(dtype), None
+
+
+def _write_rows(c_bksh, new_bkth, lengths_b):
+    """Write each row's t new positions at that row's own length (a dynamic-update-slice per row)."""
+    return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0)))(c_bksh, new_bkth, lengths_b)
+
+
+def _store(lc: dict, k_btkh, v_btkh, lengths_b) -> dict:
+    out = dict(lc)
+    for name, x in (("k", k_btkh), ("v", v_btkh)):
+        q, scale = _quantize_rows(jnp.transpose(x, (0, 2, 1, 3)), lc[name].dtype)
+        out[name] = _write_rows(lc[name], q, lengths_b)
+        if scale is not None:
+            out[name + "_scale"] = _write_rows(lc[name + "_scale"], scale, lengths_b)
+    return out
+
+
+def _read(lc: dict, name: str, dtype):
+    x = lc[name]
+    if x.dtype == jnp.int8:
+        return (x.astype(jnp.float32) * lc[name + "_scale"]).astype(dtype)
+    return x.astype(dtype) if x.dtype != dtype else x
+
+
+def _attend(attn, q_btnh, k_bksh, v_bksh, mask_bts):
+    """Attention of t new queries over the cache's positions allowed by mask_bts (the model's own score and mix
+    products, models/layers.py Attention._softmax_mix)."""
+    cfg = attn.cfg
+    b, t, n, h = q_btnh.shape
+    k, g = cfg.n_kv_heads, cfg.q_heads_per_kv
+    q_bkgth = jnp.transpose((q_btnh * (1.0 / math.sqrt(h))).astype(q_btnh.dtype).reshape(b, t, k, g, h),
+                            (0, 2, 3, 1, 4))
+    o_bkgth = attn._softmax_mix(q_bkgth, k_bksh, v_bksh, mask_bts[:, None, None])
+    return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
+
+
+def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict):
+    """One block on the new tokens: their keys/values into the cache at each row's length, attention over the cache."""
     h_btd = block.norm_attn(x_btd)
     q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
-    k_bskh = jax.lax.dynamic_update_slice(k_cache, k_btkh.astype(k_cache.dtype), (0, start, 0, 0))
-    v_bskh = jax.lax.dynamic_update_slice(v_cache, v_btkh.astype(v_cache.dtype), (0, start, 0, 0))
-    o_btnh = block.attn.attend(q_btnh, k_bskh, v_bskh, mask_bts)
+    lc = _store(lc, k_btkh, v_btkh, lengths_b)
+    o_btnh = _attend(block.attn, q_btnh, _read(lc, "k", q_btnh.dtype), _read(lc, "v", q_btnh.dtype), mask_bts)
     x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
     y_btd, _ = block.mlp(block.norm_mlp(x_btd))
-    return x_btd + y_btd.astype(jnp.float32), k_bskh, v_bskh
+    return x_btd + y_btd.astype(jnp.float32), lc
 
 
-def _forward_cached(model, tokens_bt, cache):
+def _layer_caches(cache) -> list[dict] | dict:
+    names = [n for n in ("k", "v", "k_scale", "v_scale") if n in cache]
+    if isinstance(cache["k"], list):
+        return [{n: cache[n][i] for n in names} for i in range(len(cache["k"]))]
+    return {n: cache[n] for n in names}
+
+
+# ------------------------------------------------------------------------------------------------- the model
+
+
+def forward(model, tokens_bt, cache: dict, last_b=None):
+    """The model on t new tokens per row, starting at each row's cached length. Returns (logits, cache) with the new
+    keys/values written and `lengths` unchanged (the caller says how far each row advanced). last_b: per row, the
+    position (0..t-1) whose logits to return — the output head then runs on that one position only (b, 1, v)."""
     from flax import nnx
 
     b, t = tokens_bt.shape
-    start = cache["index"]
-    max_len = cache["k"][0].shape[1] if isinstance(cache["k"], list) else cache["k"].shape[2]
-    positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
-    # key position s is visible to query position p when s <= p (causal) — later cache slots are still empty
-    mask_bts = positions_bt[:, :, None] >= jnp.arange(max_len, dtype=jnp.int32)[None, None, :]
+    lengths_b = cache["lengths"]
+    max_len = _max_len_of(cache)
+    positions_bt = lengths_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    # key position s is visible to the query at position p when s <= p (causal); later slots are empty or stale
+    mask_bts = jnp.arange(max_len, dtype=jnp.int32)[None, None, :] <= positions_bt[:, :, None]
     rd = model.residual_dtype  # the residual stream between layers, as the training forward keeps it
     x_btd = model.embed(tokens_bt, positions_bt).astype(rd)
+    layers = _layer_caches(cache)
     if model.cfg.scan_layers:
-        def body(x_btd, block, k_cache, v_cache):
-            x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, k_cache, v_cache, start)
-            return x_btd.astype(rd), (k, v)  # the carry keeps its dtype (each block adds in float32)
+        def body(x_btd, block, lc):
+            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc)
+            return x_btd.astype(rd), lc  # the carry keeps its dtype (each block adds in float32)
 
-        x_btd, (new_k, new_v) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0))(
-            x_btd, model.blocks, cache["k"], cache["v"])
+        x_btd, new = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))(x_btd, model.blocks, layers)
+        new_cache = dict(new)
     else:
-        new_k, new_v = [], []
-        for i, block in enumerate(model.blocks):
-            x_btd, k, v = _layer_cached(block, x_btd, positions_bt, mask_bts, cache["k"][i], cache["v"][i], start)
+        outs = []
+        for block, lc in zip(model.blocks, layers):
+            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc)
             x_btd = x_btd.astype(rd)
-            new_k.append(k)
-            new_v.append(v)
-    return model.head(x_btd), {"k": new_k, "v": new_v, "index": start + t}
+            outs.append(lc)
+        new_cache = {n: [o[n] for o in outs] for n in outs[0]}
+    if last_b is not None:
+        x_btd = x_btd[jnp.arange(b), last_b][:, None]
+    new_cache["lengths"] = lengths_b
+    return model.head(x_btd), new_cache
 
 
-def prefill(model, tokens_bt, max_len: int | None = None, cache: dict | None = None):
-    """Run the prompt through the model, filling a fresh cache of max_len positions (default cfg.seq_len)."""
+def prefill(model, tokens_bt, max_len: int | None = None, cache: dict | None = None, lengths_b=None,
+            last_only: bool = False, kv_dtype: str = "auto"):
+    """Run prompts through the model, filling a fresh cache of max_len positions (default cfg.seq_len) or `cache`.
+    lengths_b: each row's real prompt length when the prompts are right-padded to t (default t for all); the cache's
+    lengths advance by it. last_only: logits of each row's last real position only, (b, 1, v)."""
     b, t = tokens_bt.shape
-    max_len = max_len or model.cfg.seq_len
+    max_len = max_len or (_max_len_of(cache) if cache is not None else model.cfg.seq_len)
     if t > max_len:
         raise WorkbenchError(f"prompt of {t} tokens does not fit a cache of {max_len} positions")
-    cache = cache if cache is not None else init_cache(model, b, max_len)
-    return _forward_cached(model, tokens_bt, cache)
+    cache = cache if cache is not None else init_cache(model, b, max_len, kv_dtype)
+    n_b = jnp.full((b,), t, jnp.int32) if lengths_b is None else jnp.asarray(lengths_b, jnp.int32)
+    logits, cache = forward(model, tokens_bt, cache, last_b=(n_b - 1) if last_only else None)
+    cache["lengths"] = cache["lengths"] + n_b
+    return logits, cache
 
 
-def decode_step(model, token_b1, cache: dict):
-    """One new token per sequence: (b, 1) int32 -> logits (b, 1, v) and the cache with one more position."""
+def decode_step(model, token_b1, cache: dict, active_b=None):
+    """One new token per sequence: (b, 1) int32 -> logits (b, 1, v) and the cache one position further on every
+    active row (active_b: bool (b,), default all)."""
     if token_b1.ndim == 1:
         token_b1 = token_b1[:, None]
-    return _forward_cached(model, token_b1, cache)
+    logits, cache = forward(model, token_b1, cache)
+    step = jnp.ones_like(cache["lengths"]) if active_b is None else active_b.astype(jnp.int32)
+    cache["lengths"] = cache["lengths"] + step
+    return logits, cache
 
 
 def generate(model, prompt_bt, n_new: int, max_len: int | None = None):
@@ -97,3 +222,28 @@ def generate(model, prompt_bt, n_new: int, max_len: int | None = None):
         logits, cache = decode_step(model, tok, cache)
         tok = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
     return jnp.concatenate(out, axis=1)
+
+
+def unrolled(model):
+    """The same model with its layers unrolled (a scanned model's stacked parameters split per layer); an unrolled
+    model is returned as it is."""
+    from flax import nnx
+
+    from models.transformer import Transformer
+
+    if not model.cfg.scan_layers:
+        return model
+    cfg = model.cfg.replace(scan_layers=False)
+    target = nnx.eval_shape(lambda: Transformer(cfg, model.policy_name, nnx.Rngs(0)))
+    _, state = nnx.split(model)
+    flat = {}
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value() if hasattr(var, "get_value") else var
+        if path and path[0] == "blocks":
+            for i in range(cfg.n_layers):
+                flat[("blocks", i, *path[1:])] = value[i]
+        else:
+            flat[path] = value
+    graphdef, abs_state = nnx.split(target)
+    pairs = [(path, var.replace(flat[path])) for path, var in nnx.to_flat_state(abs_state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(pairs))

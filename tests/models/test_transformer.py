@@ -213,7 +213,7 @@ def test_kv_cache_decode_matches_full_forward(overrides):
     l2, cache = decode(model, tok[:, 11:12], cache)
     assert_close(l1[:, 0], full[:, 10], "float32")
     assert_close(l2[:, 0], full[:, 11], "float32")
-    assert int(cache["index"]) == 12
+    assert cache["lengths"].tolist() == [12, 12]
     if cfg.pos == "learned":
         with pytest.raises(WorkbenchError, match="learned positions"):
             prefill(model, tok, max_len=1000)

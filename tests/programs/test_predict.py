@@ -174,10 +174,10 @@ def test_xla_estimate_guards_non_positive_values():
 
 @pytest.mark.parametrize("policy", ["float32", "bf16"])
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_inference_step_with_scanned_layers_takes_a_stacked_cache(mode, policy):
-    """Scanned layers keep their KV cache stacked (n_layers, b, s, k, h), as models.inference.init_cache builds it;
-    the abstract cache predict hands the step must have that form too, sharded on the batch axis. With bf16 weights
-    (inference keeps no float32 copy) the scan's carry keeps the residual stream's dtype through every layer."""
+def test_inference_step_unrolls_scanned_layers_with_a_cache_per_layer(mode, policy):
+    """The serving step runs a scanned preset's layers unrolled: one KV-cache buffer per layer, laid out
+    (b, kv_heads, s, h) as models.inference.init_cache builds it, sharded on the batch axis, donated and returned in
+    the same form."""
     from models.precision import get_policy
     from models.presets import get_config
     from partitioning.mesh import make_mesh
@@ -186,7 +186,8 @@ def test_inference_step_with_scanned_layers_takes_a_stacked_cache(mode, policy):
     mesh = make_mesh("data=8")
     step, args, _ = wp.build_inference_step(cfg, get_policy(policy), mesh, "dp", 8, cfg.seq_len, mode)
     cache = args[3]
-    assert cache["k"].shape == (cfg.n_layers, 8, cfg.seq_len, cfg.n_kv_heads, cfg.head_dim)
-    assert cache["k"].sharding.spec[1] == "data"
+    assert len(cache["k"]) == cfg.n_layers
+    assert cache["k"][0].shape == (8, cfg.n_kv_heads, cfg.seq_len, cfg.head_dim)
+    assert cache["k"][0].sharding.spec[0] == "data"
     logits, new_cache = jax.eval_shape(step, *args)
-    assert logits.shape == (8, cfg.vocab_size) and new_cache["k"].shape == cache["k"].shape
+    assert logits.shape == (8, cfg.vocab_size) and new_cache["k"][0].shape == cache["k"][0].shape

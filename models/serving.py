@@ -1,0 +1,344 @@
+"""The serving engine: weight-only quantization, sampling, continuous batching and speculative decoding, over the
+key-value cache and cached forward pass of models/inference.py.
+
+    eng = Engine(model, slots=8, max_len=256, quant="int8", kv_dtype="int8", seed=0)
+    done = eng.serve([Request(0, prompt_tokens, max_new=64), ...])   # continuous batching over fixed slots
+    out, stats = speculative_generate(target_model, draft_model, prompts_bt, n_new=64, k=4)
+
+Weights: 'none' keeps the policy's compute dtype; 'int8', 'int4' and 'fp8' (E4M3) store each matmul weight of the
+layers and the untied output head with one float32 scale per output channel (over all axes but the last), and
+dequantize it inside the compiled step, where XLA fuses the conversion into the consumer on TPU and GPU (on XLA:CPU
+the dequantized weight is a temporary). Embeddings and norms stay unquantized.
+
+Continuous batching: `slots` rows share one cache; a request is inserted into a free slot (its prompt prefilled into
+that row alone, right-padded to a power-of-two bucket so that a handful of prefill programs serve every length), every
+step decodes one token in all occupied slots, and a request leaves its slot when it has its tokens. The schedule is
+deterministic for a given request list and seed (sampling keys are folded from the seed and the step).
+
+Speculative decoding (greedy): a draft model proposes k tokens one at a time; the target scores all k + 1 positions in
+one forward pass and keeps the longest prefix it agrees with plus its own next token, so the output is exactly the
+target's greedy output (tests/models/test_serving.py) and each round emits 1 to k + 1 tokens.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import inference
+from workbench.errors import WorkbenchError
+
+QUANTS = ("none", "int8", "int4", "fp8")
+_QFORMAT = {"int8": (jnp.int8, 127.0), "int4": (jnp.int4, 7.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+
+
+# ------------------------------------------------------------------------------------------------ quantization
+
+
+class QWeight(NamedTuple):
+    q: Any       # the weight in the storage format
+    scale: Any   # float32, one per output channel (the last axis), broadcast over the others
+
+
+def check_quant(quant: str) -> str:
+    if quant not in QUANTS:
+        raise WorkbenchError(f"unknown weight quantization {quant!r}; choose one of {', '.join(QUANTS)}")
+    return quant
+
+
+def _quantizable(path, value) -> bool:
+    return ((path[0] == "blocks" and getattr(value, "ndim", 0) >= 2 + (not isinstance(path[1], int)))
+            or path == ("w_dv",))
+
+
+def _quantize(w, quant: str) -> QWeight:
+    dtype, top = _QFORMAT[quant]
+    w32 = w.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(w32), axis=tuple(range(w.ndim - 1)), keepdims=True)
+    scale = jnp.where(amax > 0, amax / top, 1.0)
+    q = w32 / scale
+    q = jnp.clip(jnp.round(q), -top, top) if quant != "fp8" else jnp.clip(q, -top, top)
+    return QWeight(q.astype(dtype), scale)
+
+
+def _map_params(state, fn):
+    from flax import nnx
+
+    pairs = [(path, var.replace(fn(path, var.get_value()))) for path, var in nnx.to_flat_state(state)]
+    return nnx.from_flat_state(pairs)
+
+
+def cast_params(params, dtype):
+    """Floating parameters in `dtype` (inference keeps no float32 master copy)."""
+    return _map_params(params, lambda p, v: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
+
+
+def quantize_params(params, quant: str):
+    """An nnx.State of parameters with each matmul weight stored as QWeight (quant 'none': unchanged)."""
+    if check_quant(quant) == "none":
+        return params
+    return _map_params(params, lambda p, v: _quantize(v, quant) if _quantizable(p, v) else v)
+
+
+def dequantize_params(params, dtype):
+    """The parameters the model computes with: every QWeight back in `dtype` (inside the compiled step)."""
+    return _map_params(params, lambda p, v: (v.q.astype(jnp.float32) * v.scale).astype(dtype)
+                       if isinstance(v, QWeight) else v)
+
+
+def weight_bytes(params) -> int:
+    """Bytes the parameters occupy as stored (int4 at half a byte per element)."""
+    total = 0.0
+    for a in jax.tree.leaves(params):
+        bits = 4 if a.dtype == jnp.int4 else 8 * jnp.dtype(a.dtype).itemsize
+        total += np.prod(a.shape) * bits / 8
+    return int(total)
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0            # 0: all tokens
+    top_p: float = 1.0        # nucleus: the smallest set of tokens whose probability reaches top_p
+
+    def __post_init__(self):
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise WorkbenchError(f"sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1; got {self}")
+
+
+def sample(logits_bv, key, s: Sampling):
+    """Next tokens (b,) int32 from logits (b, v)."""
+    if s.temperature == 0:
+        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    lg = logits_bv.astype(jnp.float32) / s.temperature
+    neg = jnp.finfo(jnp.float32).min
+    if s.top_k:
+        kth = jax.lax.top_k(lg, s.top_k)[0][:, -1:]
+        lg = jnp.where(lg < kth, neg, lg)
+    if s.top_p < 1.0:
+        srt = jnp.sort(lg, axis=-1)[:, ::-1]
+        cum = jnp.cumsum(jax.nn.softmax(srt, axis=-1), axis=-1)
+        # keep a sorted token while the probability before it is under top_p (the first always stays)
+        keep = (cum - jax.nn.softmax(srt, axis=-1)) < s.top_p
+        cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+        lg = jnp.where(lg < cutoff, neg, lg)
+    return jax.random.categorical(key, lg, axis=-1).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------------------------------ the model's steps
+
+
+class Steps:
+    """The compiled steps of one model for serving: its layers unrolled, its weights cast to the compute dtype and
+    quantized, the cache donated to every step that writes it."""
+
+    def __init__(self, model, *, quant: str = "none", kv_dtype: str = "auto"):
+        from flax import nnx
+
+        model = inference.unrolled(model)
+        self.cfg, self.kv_dtype, self.quant = model.cfg, inference.kv_dtype_name(kv_dtype), check_quant(quant)
+        self.compute_dtype = inference.compute_dtype_of(model)
+        self._template = model
+        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        self.params = quantize_params(cast_params(params, self.compute_dtype), quant)
+
+    def model(self, params, rest):
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, dequantize_params(params, self.compute_dtype), rest)
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        return inference.init_cache(self._template, batch, max_len, self.kv_dtype)
+
+    # pure functions of (params, rest, ...), jitted by the callers with the cache donated
+    def prefill(self, params, rest, tokens_bt, lengths_b, cache):
+        """Prompts (right-padded) into a cache whose rows are empty: (last logits (b, v), cache)."""
+        cache = dict(cache, lengths=jnp.zeros_like(cache["lengths"]))
+        logits, cache = inference.prefill(self.model(params, rest), tokens_bt, cache=cache, lengths_b=lengths_b,
+                                          last_only=True)
+        return logits[:, 0], cache
+
+    def decode(self, params, rest, tokens_b, cache, active_b=None):
+        logits, cache = inference.decode_step(self.model(params, rest), tokens_b[:, None], cache, active_b)
+        return logits[:, 0], cache
+
+    def verify(self, params, rest, tokens_bt, cache):
+        """Logits of every position of t new tokens (b, t, v), the cache's lengths left where they were."""
+        return inference.forward(self.model(params, rest), tokens_bt, cache)
+
+
+def _rows(cache, slot, n=1):
+    """The cache's rows [slot, slot + n) as a cache of their own."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, slot, n, axis=0), cache)
+
+
+def _put_rows(cache, rows, slot):
+    return jax.tree.map(lambda a, r: jax.lax.dynamic_update_slice_in_dim(a, r, slot, axis=0), cache, rows)
+
+
+def bucket(n: int, max_len: int, smallest: int = 16) -> int:
+    """The padded prompt length a prompt of n tokens is prefilled at: the next power of two (at least `smallest`),
+    capped at max_len."""
+    b = smallest
+    while b < n:
+        b *= 2
+    return min(b, max_len)
+
+
+# ------------------------------------------------------------------------------------------------ continuous batching
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    id: int
+    prompt: np.ndarray  # int32 tokens
+    max_new: int
+
+
+@dataclasses.dataclass
+class Served:
+    id: int
+    prompt_len: int
+    tokens: list[int]
+    admitted_step: int   # the decode step before which its prompt was prefilled
+    finished_step: int   # the decode step after which it had all its tokens (admitted_step when max_new == 1)
+
+
+class Engine:
+    """Continuous batching over `slots` rows of one cache of max_len positions (see the module's docstring)."""
+
+    def __init__(self, model, slots: int, max_len: int, *, quant: str = "none", kv_dtype: str = "auto",
+                 sampling: Sampling = Sampling(), seed: int = 0):
+        if slots < 1:
+            raise WorkbenchError(f"the engine needs at least one slot, got {slots}")
+        self.steps = Steps(model, quant=quant, kv_dtype=kv_dtype)
+        self.slots, self.max_len, self.sampling, self.seed = slots, max_len, sampling, seed
+        self.cache = self.steps.init_cache(slots, max_len)
+        st = self.steps
+
+        def insert(params, rest, cache, slot, tokens_1t, length, key):
+            logits, row = st.prefill(params, rest, tokens_1t, length[None], _rows(cache, slot))
+            return sample(logits, key, sampling)[0], _put_rows(cache, row, slot)
+
+        def decode(params, rest, cache, tokens_b, active_b, key):
+            logits, cache = st.decode(params, rest, tokens_b, cache, active_b)
+            return sample(logits, key, sampling), cache
+
+        self._insert = jax.jit(insert, donate_argnums=2)
+        self._decode = jax.jit(decode, donate_argnums=2)
+
+    def _key(self, step: int, salt: int):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), step), salt)
+
+    def serve(self, requests: list[Request], on_step=None) -> list[Served]:
+        """Run every request to completion; returns them in the order they finished."""
+        for r in requests:
+            if len(r.prompt) + r.max_new > self.max_len or len(r.prompt) < 1 or r.max_new < 1:
+                raise WorkbenchError(f"request {r.id}: a prompt of {len(r.prompt)} tokens and {r.max_new} new ones "
+                                     f"do not fit a cache of {self.max_len} positions (or are empty)")
+        queue, live, done, step = collections.deque(requests), [None] * self.slots, [], 0
+        st = self.steps
+        while queue or any(live):
+            for i in range(self.slots):
+                if live[i] is None and queue:
+                    r = queue.popleft()
+                    n = len(r.prompt)
+                    padded = np.zeros((1, bucket(n, self.max_len)), np.int32)
+                    padded[0, :n] = r.prompt
+                    tok, self.cache = self._insert(st.params, st.rest, self.cache, i, padded, jnp.int32(n),
+                                                   self._key(step, 1_000_000 + r.id))
+                    live[i] = Served(r.id, n, [int(tok)], step, step)
+                    if r.max_new == 1:
+                        done.append(live[i])
+                        live[i] = None
+            if not any(live):
+                continue
+            active = np.array([s is not None for s in live])
+            last = np.array([s.tokens[-1] if s else 0 for s in live], np.int32)
+            nxt, self.cache = self._decode(st.params, st.rest, self.cache, last, active, self._key(step, 0))
+            nxt = np.asarray(nxt)
+            step += 1
+            for i, s in enumerate(live):
+                if s is None:
+                    continue
+                s.tokens.append(int(nxt[i]))
+                want = next(r.max_new for r in requests if r.id == s.id)
+                if len(s.tokens) >= want:
+                    s.finished_step = step
+                    done.append(s)
+                    live[i] = None
+            if on_step:
+                on_step(step, len(done), sum(s is not None for s in live))
+        return done
+
+
+# ------------------------------------------------------------------------------------------------ speculative decoding
+
+
+def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k: int, max_len: int):
+    """Greedy speculative decoding of n_new tokens per row. Returns (tokens (b, t + n_new), stats): rounds, drafted
+    and accepted tokens, acceptance rate (accepted / drafted), tokens per round."""
+    if k < 1:
+        raise WorkbenchError(f"--draft-tokens must be >= 1, got {k}")
+    b, t = prompts_bt.shape
+    if t + n_new + k + 1 > max_len:
+        raise WorkbenchError(f"prompt {t} + {n_new} new + {k + 1} speculative positions exceed the cache ({max_len})")
+    fns = speculative_steps(target, draft, k)
+    tc, dc = target.init_cache(b, max_len), draft.init_cache(b, max_len)
+    lengths = jnp.full((b,), t, jnp.int32)
+    cur, tc = fns["prefill_target"](target.params, target.rest, prompts_bt, lengths, tc)
+    _, dc = fns["prefill_draft"](draft.params, draft.rest, prompts_bt, lengths, dc)
+    out = [list(map(int, row)) + [int(c)] for row, c in zip(np.asarray(prompts_bt), np.asarray(cur))]
+    rounds = drafted = accepted = 0
+    while min(len(o) for o in out) < t + n_new:
+        emitted, n_acc, tc, dc = fns["round"](target.params, target.rest, draft.params, draft.rest, cur, tc, dc)
+        emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
+        for i in range(b):
+            out[i].extend(int(x) for x in emitted[i, :n_acc[i] + 1])
+        cur = jnp.asarray([o[-1] for o in out], jnp.int32)
+        rounds += 1
+        drafted += b * k
+        accepted += int(n_acc.sum())
+    tokens = np.array([o[:t + n_new] for o in out], np.int32)
+    return tokens, {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+                    "acceptance_rate": accepted / drafted if drafted else 0.0,
+                    "tokens_per_round": (accepted + b * rounds) / (b * rounds) if rounds else 0.0}
+
+
+def speculative_steps(target: Steps, draft: Steps, k: int) -> dict:
+    """The jitted functions of one speculative round (caches donated)."""
+
+    def prefill(steps):
+        def fn(params, rest, tokens_bt, lengths_b, cache):
+            logits, cache = steps.prefill(params, rest, tokens_bt, lengths_b, cache)
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+        return jax.jit(fn, donate_argnums=4)
+
+    def one_round(tp, tr, dp, dr, cur_b, tcache, dcache):
+        start_t, start_d = tcache["lengths"], dcache["lengths"]
+        proposals, tok = [], cur_b
+        for _ in range(k + 1):  # the (k+1)-th feeds the last proposal in, so the draft's cache holds all k
+            logits, dcache = draft.decode(dp, dr, tok, dcache)
+            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            proposals.append(tok)
+        d_bk = jnp.stack(proposals[:k], axis=1)
+        logits_btv, tcache = target.verify(tp, tr, jnp.concatenate([cur_b[:, None], d_bk], axis=1), tcache)
+        g_bt = jnp.argmax(logits_btv, axis=-1).astype(jnp.int32)  # the target's choice after each position
+        agree = jnp.cumprod((g_bt[:, :k] == d_bk).astype(jnp.int32), axis=1)
+        n_b = agree.sum(axis=1)  # accepted proposals per row
+        # emitted: the accepted proposals, then the target's own token at the first disagreement (or after all k)
+        emitted = jnp.where(jnp.arange(k + 1)[None] < n_b[:, None], jnp.pad(d_bk, ((0, 0), (0, 1))),
+                            jnp.take_along_axis(g_bt, n_b[:, None], axis=1))
+        tcache["lengths"] = start_t + n_b + 1
+        dcache["lengths"] = start_d + n_b + 1
+        return emitted, n_b, tcache, dcache
+
+    return {"prefill_target": prefill(target), "prefill_draft": prefill(draft),
+            "round": jax.jit(one_round, donate_argnums=(5, 6))}
