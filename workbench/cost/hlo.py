@@ -62,6 +62,19 @@ def parse_shapes(text: str) -> list[Shape]:
     return out
 
 
+_ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+
+
+def hbm_bytes(type_str: str) -> float:
+    """Bytes of a type's arrays that live in device memory: an array whose layout names a memory space other than
+    0 (libtpu's `S(1)`: the on-chip VMEM it prefetches weights into) costs no HBM traffic to write or read."""
+    total = 0.0
+    for dt, dims, layout in _ARRAY_RE.findall(type_str):
+        if dt in DTYPE_BYTES and not (layout and re.search(r"S\([1-9]", layout)):
+            total += Shape(dt, tuple(int(d) for d in dims.split(",") if d)).bytes
+    return total
+
+
 @dataclasses.dataclass
 class Instr:
     name: str
@@ -760,8 +773,10 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 continue
             if any(op.startswith(c) for c in COLLECTIVE_KINDS) or fusion_collective_role(mod, ins):
                 continue
-            operand_bytes = [by_name[o].out_bytes if o in by_name else 0.0 for o in ins.operands]
-            out_bytes = sum(sh.bytes for sh in _library_results(ins)) if op == "custom-call" else ins.out_bytes
+            operand_bytes = [hbm_bytes(by_name[o].type_str) if o in by_name else 0.0 for o in ins.operands]
+            out_bytes = hbm_bytes(ins.type_str)
+            if op == "custom-call" and out_bytes:
+                out_bytes = sum(sh.bytes for sh in _library_results(ins))
             bytes_in, bytes_out = sum(operand_bytes), out_bytes
             shp = ins.shapes
             if op == "fusion":
@@ -785,6 +800,16 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
                 elif op == "dynamic-slice":
                     bytes_in = bytes_out + sum(operand_bytes[1:])
+                elif op == "slice":  # reads the slice only
+                    bytes_in = bytes_out
+                elif op in ("slice-start", "copy-start") and len(shp) >= 2:
+                    # libtpu's asynchronous slice ((operand), slice, context) and copy ((destination), source,
+                    # context): they read the slice or the source once and write the result (nothing to HBM when
+                    # it goes to VMEM: a prefetch)
+                    moved = shp[len(shp) - 2].bytes if op == "slice-start" else operand_bytes[0] if operand_bytes else 0
+                    into = _ARRAY_RE.search(ins.type_str if op == "copy-start" else ins.type_str.split("}", 1)[-1])
+                    on_chip = into is not None and re.search(r"S\([1-9]", into.group(3) or "")
+                    bytes_in, bytes_out = moved, 0.0 if on_chip else moved
                 trans_el = strided_transposes([ins], by_name)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
