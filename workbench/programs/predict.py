@@ -73,6 +73,8 @@ class PredictSpec:
     pipeline_repeats: int = 1        # pp strategies: virtual stages per device (models/pipeline.py)
     pipeline_schedule: str = "gpipe"  # pp strategies: gpipe (circular when repeats > 1) | 1f1b
     shard_activations: bool = False  # the residual stream's embed over the tensor axis (MaxText's activation_embed)
+    quant: str = "none"              # prefill/decode: weight quantization (models/serving.py QUANTS)
+    kv_dtype: str = "auto"           # prefill/decode: KV-cache dtype (models/inference.py KV_DTYPES)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -178,16 +180,17 @@ def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
                                      pipeline_repeats=spec.pipeline_repeats,
                                      pipeline_schedule=spec.pipeline_schedule)
         return _unpack_step(out)
-    return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode)
+    return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode, spec.quant, spec.kv_dtype)
 
 
-def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str):
-    """A jitted prefill or decode step around the models' own KV-cache functions (models/inference.py), with
-    abstract sharded inputs: weights in the policy's compute dtype (inference keeps no float32 master copy), the KV
-    cache (batch, seq, kv_heads, head_dim) per layer (stacked on a leading layer axis when the layers are scanned)
-    sharded by the strategy's rules, the cache donated.
+def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str, quant: str = "none",
+                         kv_dtype: str = "auto"):
+    """A jitted prefill or decode step of the serving engine (models/inference.py, models/serving.py), with abstract
+    sharded inputs: the layers unrolled (each layer's KV cache a buffer of its own, written in place), weights in
+    the policy's compute dtype (inference keeps no float32 master copy) or quantized (`quant`), the KV cache
+    (batch, kv_heads, seq, head_dim) per layer in `kv_dtype`, sharded by the strategy's rules and donated.
 
-    prefill: `seq` prompt tokens fill an empty cache of `seq` positions; returns the last position's logits.
+    prefill: `seq` prompt tokens fill an empty cache of `seq` positions; the head runs on the last position only.
     decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it).
     """
     import jax
@@ -195,48 +198,71 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from models import serving
 
+    cfg = cfg.replace(scan_layers=False)
     rules = get_rules(strategy)
     abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(abs_model, nnx.Param, ...)
     p_sh, r_sh = state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules)
     cd = policy.compute_dtype
+    abs_params = _quantized_abstract(params, p_sh, mesh, cd, quant)
+    abs_rest = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), rest, r_sh)
+    cache = jax.eval_shape(lambda: inference.init_cache(abs_model, batch, seq, kv_dtype))
+    names = {4: ("batch", "kv_heads", None, "head_dim")}
 
-    def abstract(a, sh, cast):
-        dt = cd if (cast and jnp.issubdtype(a.dtype, jnp.floating)) else a.dtype
-        return jax.ShapeDtypeStruct(a.shape, dt, sharding=sh)
+    def place(a, what):
+        if a.ndim == 1:
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+        axes = names[4] if a.shape[-1] == cfg.head_dim else ("batch", "kv_heads", None, None)
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(axes, a.shape, mesh, rules,
+                                                                                              what=what)))
 
-    abs_params = jax.tree.map(lambda a, sh: abstract(a, sh, True), params, p_sh)
-    abs_rest = jax.tree.map(lambda a, sh: abstract(a, sh, False), rest, r_sh)
-    kv_shape = (batch, seq, cfg.n_kv_heads, cfg.head_dim)
-    kv_sh = NamedSharding(mesh, spec_for(("batch", None, "kv_heads", "head_dim"), kv_shape, mesh, rules,
-                                         what="KV cache"))
-    rep = NamedSharding(mesh, PartitionSpec())
-    if cfg.scan_layers:  # stacked like the scanned layers' parameters (models/inference.init_cache)
-        kv_sh = NamedSharding(mesh, PartitionSpec(None, *kv_sh.spec))
-        kv = jax.ShapeDtypeStruct((cfg.n_layers, *kv_shape), cd, sharding=kv_sh)
-        layers_k = layers_v = kv
-    else:
-        kv = jax.ShapeDtypeStruct(kv_shape, cd, sharding=kv_sh)
-        layers_k = layers_v = [kv] * cfg.n_layers
-    cache = {"k": layers_k, "v": layers_v, "index": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
-    cache_sh = jax.tree.map(lambda a: a.sharding, cache)
+    cache = {n: ([place(a, "KV cache") for a in v] if isinstance(v, list) else place(v, "KV cache"))
+             for n, v in cache.items()}
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
 
     def step(params, rest, tokens_bt, cache):
         with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
-            model = nnx.merge(graphdef, params, rest)
+            model = nnx.merge(graphdef, serving.dequantize_params(params, cd), rest)
             if mode == "prefill":
-                logits_btv, cache = inference.prefill(model, tokens_bt, max_len=seq, cache=cache)
+                logits_btv, cache = inference.prefill(model, tokens_bt, cache=cache, last_only=True)
             else:
                 logits_btv, cache = inference.decode_step(model, tokens_bt, cache)
             return logits_btv[:, -1], cache
 
-    jitted = jax.jit(step, in_shardings=(p_sh, r_sh, tok_sh, cache_sh), out_shardings=(None, cache_sh),
-                     donate_argnums=3)
+    shardings = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
+    jitted = jax.jit(step, in_shardings=(shardings(abs_params), shardings(abs_rest), tok_sh, shardings(cache)),
+                     out_shardings=(None, shardings(cache)), donate_argnums=3)
     return jitted, (abs_params, abs_rest, tokens, cache), (abs_params, abs_rest, cache)
+
+
+def _quantized_abstract(params, p_sh, mesh, compute_dtype, quant: str):
+    """Abstract parameters as the serving step takes them: floating ones in the compute dtype, matmul weights
+    quantized (models.serving.QWeight: the weight's own sharding, its per-channel scale sharded like its last axis)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from models import serving
+
+    abs_q = jax.eval_shape(lambda p: serving.quantize_params(serving.cast_params(p, compute_dtype), quant), params)
+    sh_of = {path: var.get_value() for path, var in nnx.to_flat_state(p_sh)}
+    pairs = []
+    for path, var in nnx.to_flat_state(abs_q):
+        v, sh = var.get_value(), sh_of[path]
+        if isinstance(v, serving.QWeight):
+            last = sh.spec[v.q.ndim - 1] if len(sh.spec) >= v.q.ndim else None
+            scale_sh = NamedSharding(mesh, PartitionSpec(*([None] * (v.q.ndim - 1)), last))
+            v = serving.QWeight(jax.ShapeDtypeStruct(v.q.shape, v.q.dtype, sharding=sh),
+                                jax.ShapeDtypeStruct(v.scale.shape, jnp.float32, sharding=scale_sh))
+        else:
+            v = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh)
+        pairs.append((path, var.replace(v)))
+    return nnx.from_flat_state(pairs)
 
 
 def _unpack_step(out):
@@ -294,6 +320,13 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     if spec.mode == "train" and (batch // nb) % spec.microbatches:
         raise WorkbenchError(f"--microbatches {spec.microbatches} does not divide the per-shard batch "
                              f"{batch // nb} (batch {batch} over {nb} data shards)")
+    if spec.mode == "train" and (spec.quant != "none" or spec.kv_dtype != "auto"):
+        raise WorkbenchError("weight quantization and the KV-cache dtype apply to --mode prefill|decode only")
+    from models.inference import kv_dtype_name
+    from models.serving import check_quant
+
+    check_quant(spec.quant)
+    kv_dtype_name(spec.kv_dtype)
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
     if get_strategy(spec.strategy).pipelined and spec.mode != "train":
