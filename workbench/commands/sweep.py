@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
             with FanOutProgress(left, f"sweep {spec.name}") as bar:
                 res = program.run_sweep(spec, node.params, store=store, retry_failed=retry_failed, executor=executor,
                                         on_start=lambda pt: bar.start(f"point {pt.index} ({pt.label()})"),
-                                        on_result=lambda pt, r: bar.finish(r))
+                                        on_result=lambda pt, r: bar.finish(r), on_todo=bar.set_total)
                 backend = executor.describe()
         out = res.to_record()
         if json_out:

@@ -327,6 +327,11 @@ class FanOutProgress:
             self.p.update(self.task, completed=self.done, running=self.running, failed=self.failed,
                           description=f"{self.desc}: {label[:40]}" if label else self.desc)
 
+    def set_total(self, total: int):
+        self.total = total
+        if self.p is not None:
+            self.p.update(self.task, total=total)
+
     def start(self, label: str):
         self.running += 1
         self._update(label)

@@ -282,12 +282,13 @@ def run_point(spec: SweepSpec, point: Point, argv: list[str], timeout: float | N
 def run_sweep(spec: SweepSpec, cparams: list, *, store: Store | None = None, dry_run: bool = False,
               retry_failed: bool = False, on_point: Callable[[int, int, Point, str], None] | None = None,
               executor=None, on_start: Callable[[Point], None] | None = None,
-              on_result: Callable[[Point, Any], None] | None = None) -> SweepResult:
+              on_result: Callable[[Point, Any], None] | None = None,
+              on_todo: Callable[[int], None] | None = None) -> SweepResult:
     """Run every point not yet recorded (see the module docstring) on `executor` (workbench.programs.executor;
     default in-process, one point after the other); `cparams` are the command's click parameters. Workers return
     each point's records and this process writes them, once per point key. `on_start(point)` as a point is handed
     to a worker, `on_result(point, executor.Result)` as it comes back, `on_point(done, total, point, status)` for
-    every point, recorded ones included."""
+    every point, recorded ones included; `on_todo(n)` once, with the number of points that will run."""
     from workbench.programs import executor as ex
 
     store = store or Store()
@@ -327,6 +328,8 @@ def run_sweep(spec: SweepSpec, cparams: list, *, store: Store | None = None, dry
             todo.append(pt)
             continue
         report(pt)
+    if on_todo:
+        on_todo(len(todo))
     executor = executor or ex.InProcessExecutor()
     by_key = {pt.key: pt for pt in todo}
     tasks = [ex.Task(pt.key, f"point {pt.index} ({pt.label()})", execute_point,
