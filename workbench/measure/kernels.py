@@ -392,107 +392,134 @@ def _what(ins: Instr, mod: Module) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the join
-def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
-         dtype="float32", memory_bw: float | None = None, simulated_mesh: bool | None = None) -> KernelTable:
-    """Join a kernel trace with the program's HLO: one KernelRow per kernel (traced or not), ClassError per class.
+@dataclasses.dataclass
+class _Traced:
+    """A trace's time per step by HLO instruction: wall-clock shares, raw durations, executions; what matched."""
 
-    trace None: predictions only (measured fields None). memory_bw: the bandwidth kernels are priced at (default:
-    the spec's; pass workbench.roofline.prediction.memory_bw's choice to match a Prediction)."""
-    mod = parse_module(hlo_text)
-    instrs = {i.name: (comp, i) for comp, body in mod.computations.items() for i in body}
-    cond = _condition_computations(mod)
-    costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
-    if simulated_mesh is None:
-        simulated_mesh = spec.kind == "cpu" and n_devices > 1
-    mult = n_devices if simulated_mesh else 1
-    bw = memory_bw or spec.hbm_bw
-    ic = host_interconnect(spec, bw) if simulated_mesh else spec.interconnect
-    colls = {c.name: c for c in parse_collectives(hlo_text, mesh=mesh, n_devices=n_devices, mod=mod)}
+    shares: dict[str, float] = dataclasses.field(default_factory=collections.Counter)
+    raw: dict[str, float] = dataclasses.field(default_factory=collections.Counter)
+    execs: dict[str, float] = dataclasses.field(default_factory=collections.Counter)
+    unmatched: int = 0
+    busy: float = 0.0
+    raw_total: float = 0.0
+    steps: int = 1
+    library: int = 0  # library kernels (cuBLAS, cuDNN) traced: their time goes to the custom calls that launch them
 
-    shares: dict[str, float] = collections.Counter()
-    raw: dict[str, float] = collections.Counter()
-    execs: dict[str, float] = collections.Counter()
-    unmatched = 0
-    busy = raw_total = 0.0
-    steps = 1
-    library = 0  # library kernels (cuBLAS, cuDNN) traced: their time goes to the custom calls that launch them
-    if trace is not None:
-        steps = max(trace.steps, 1)
-        names_of = kernel_names(instrs)
-        evs = [dataclasses.replace(e, name=_kernel_of(names_of.get(e.name), instrs) or e.name) for e in trace.events]
-        evs = [e for e in evs if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
-        waits = [simulated_mesh and e.name in instrs and kernel_class(instrs[e.name][1], mod) == "collective"
-                 for e in evs]
-        sh, busy = wall_shares(evs, waits)
-        for e, s in zip(evs, sh):
-            if e.name not in instrs:
-                if not LIBRARY_KERNEL.match(e.name):
-                    unmatched += 1
-                    continue
-                library += 1
-                e = dataclasses.replace(e, name=LIBRARY_ROW)
-            shares[e.name] += s / steps
-            raw[e.name] += e.dur_s / steps
-            execs[e.name] += 1 / steps
-            raw_total += e.dur_s / steps
-        busy /= steps
 
-    rows = []
-    names = [n for n in costs] + [n for n in colls if n not in costs]
-    names += [n for n in shares if n not in costs and n not in colls and n != LIBRARY_ROW]
-    lib = {"pred": 0.0, "fl": 0.0, "dfl": 0.0, "nb": 0.0, "count": 0}
-    # XLA:GPU launches identical fusions under one kernel (the instructions' `deduplicated_name`): the trace names
-    # that kernel for every call site, so a group of call sites is one row, priced as the sum of its members
+def _attribute(trace: KernelTrace | None, instrs: dict, mod: Module, simulated_mesh: bool) -> _Traced:
+    """Each traced kernel event charged to its HLO instruction (or the library row), per step."""
+    t = _Traced()
+    if trace is None:
+        return t
+    t.steps = max(trace.steps, 1)
+    names_of = kernel_names(instrs)
+    evs = [dataclasses.replace(e, name=_kernel_of(names_of.get(e.name), instrs) or e.name) for e in trace.events]
+    evs = [e for e in evs if not (e.name in instrs and instrs[e.name][1].opcode in CONTROL_OPS)]
+    waits = [simulated_mesh and e.name in instrs and kernel_class(instrs[e.name][1], mod) == "collective"
+             for e in evs]
+    sh, busy = wall_shares(evs, waits)
+    for e, s in zip(evs, sh):
+        if e.name not in instrs:
+            if not LIBRARY_KERNEL.match(e.name):
+                t.unmatched += 1
+                continue
+            t.library += 1
+            e = dataclasses.replace(e, name=LIBRARY_ROW)
+        t.shares[e.name] += s / t.steps
+        t.raw[e.name] += e.dur_s / t.steps
+        t.execs[e.name] += 1 / t.steps
+        t.raw_total += e.dur_s / t.steps
+    t.busy = busy / t.steps
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pricing:
+    """How the join prices a kernel: the chip, the dtype, the memory bandwidth, devices sharing this host."""
+
+    spec: HardwareSpec
+    dtype: Any
+    bw: float
+    mult: int
+    interconnect: Any
+
+    def kernel(self, k, others=()) -> tuple[float, float, float, float, str, int]:
+        """(predicted s, flops, dot flops, bytes, roof, count) of kernel k and the other call sites of the same
+        kernel, over every device."""
+        mult = self.mult
+        kt = kernel_time(k, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult)
+        pred = kt.seconds * k.count * mult
+        fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
+        dfl = k.dot_flops * k.count * mult
+        for km in others:
+            pred += kernel_time(km, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult).seconds \
+                * km.count * mult
+            fl, nb, dfl = fl + km.flops * km.count * mult, nb + km.bytes * km.count * mult, \
+                dfl + km.dot_flops * km.count * mult
+            count += km.count
+        return pred, fl, dfl, nb, roof, count
+
+    def collective(self, c) -> tuple[float, float, float, float, str, int]:
+        pred = collective_time(c.kind, c.payload_bytes, c.group_size, self.interconnect,
+                               operands=c.operands) * c.count * self.mult
+        return pred, 0.0, 0.0, c.payload_bytes * c.count * self.mult, "comm", c.count
+
+
+def _dedup_groups(names: list[str], instrs: dict) -> dict[str, list[str]]:
+    """XLA:GPU launches identical fusions under one kernel (the instructions' `deduplicated_name`): the trace names
+    that kernel for every call site, so a group of call sites is one row, priced as the sum of its members."""
     members: dict[str, list[str]] = collections.defaultdict(list)
     for name in names:
         lead = _dedup_name(instrs[name][1])
         if lead != name and lead in instrs:
             members[lead].append(name)
+    return members
+
+
+def _rows(names: list[str], instrs: dict, mod: Module, costs: dict, colls: dict, t: _Traced, traced_run: bool,
+          p: _Pricing) -> list[KernelRow]:
+    """One KernelRow per kernel (a dedup group is one row), and the library row when library kernels were traced."""
+    members = _dedup_groups(names, instrs)
     grouped = {m for ms in members.values() for m in ms}
+    cond = _condition_computations(mod)
+    lib = {"pred": 0.0, "fl": 0.0, "dfl": 0.0, "nb": 0.0, "count": 0}
+    rows = []
     for name in dict.fromkeys(names):
         if name in grouped:
             continue
         comp, ins = instrs[name]
-        if library and ins.opcode == "custom-call" and name in costs and name not in shares:
+        if t.library and ins.opcode == "custom-call" and name in costs and name not in t.shares:
             k = costs[name]  # a library call whose kernels were traced under their own names: priced as one row
-            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw, sharers=mult)
-            for key, v in (("pred", kt.seconds * k.count * mult), ("fl", k.flops * k.count * mult),
-                           ("dfl", k.dot_flops * k.count * mult), ("nb", k.bytes * k.count * mult),
-                           ("count", k.count * mult)):
+            kt = kernel_time(k, p.spec, dtype=p.dtype, memory_bw=p.bw, sharers=p.mult)
+            for key, v in (("pred", kt.seconds * k.count * p.mult), ("fl", k.flops * k.count * p.mult),
+                           ("dfl", k.dot_flops * k.count * p.mult), ("nb", k.bytes * k.count * p.mult),
+                           ("count", k.count * p.mult)):
                 lib[key] += v
             continue
-        cls = kernel_class(ins, mod, in_condition=comp in cond)
-        k = costs.get(name)
-        c = colls.get(name)
+        k, c = costs.get(name), colls.get(name)
         if c is not None:
-            pred = collective_time(c.kind, c.payload_bytes, c.group_size, ic, operands=c.operands) * c.count * mult
-            fl, dfl, nb, roof, count = 0.0, 0.0, c.payload_bytes * c.count * mult, "comm", c.count
+            pred, fl, dfl, nb, roof, count = p.collective(c)
         elif k is not None:
-            kt = kernel_time(k, spec, dtype=dtype, memory_bw=bw, sharers=mult)
-            pred = kt.seconds * k.count * mult
-            fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
-            dfl = k.dot_flops * k.count * mult
-            for m in members.get(name, ()):  # the other call sites of the same kernel
-                km = costs.get(m)
-                if km is not None:
-                    pred += kernel_time(km, spec, dtype=dtype, memory_bw=bw, sharers=mult).seconds * km.count * mult
-                    fl, nb, dfl = fl + km.flops * km.count * mult, nb + km.bytes * km.count * mult, \
-                        dfl + km.dot_flops * km.count * mult
-                    count += km.count
+            pred, fl, dfl, nb, roof, count = p.kernel(k, [costs[m] for m in members.get(name, ()) if m in costs])
         else:  # traced but not priced (an op the HLO reader gives no cost)
             pred, fl, dfl, nb, roof, count = 0.0, 0.0, 0.0, 0.0, "none", 1
-        traced = name in shares
-        rows.append(KernelRow(name, cls, (re.search(r"kind=(k\w+)", ins.attrs) or [None, ins.opcode])[1]
+        traced = name in t.shares
+        untraced = 0.0 if traced_run else None
+        rows.append(KernelRow(name, kernel_class(ins, mod, in_condition=comp in cond),
+                              (re.search(r"kind=(k\w+)", ins.attrs) or [None, ins.opcode])[1]
                               if ins.opcode == "fusion" else ins.opcode,
-                              execs[name] if traced else count * mult, pred,
-                              shares[name] if traced else (0.0 if trace is not None else None),
-                              raw[name] if traced else (0.0 if trace is not None else None),
+                              t.execs[name] if traced else count * p.mult, pred,
+                              t.shares[name] if traced else untraced, t.raw[name] if traced else untraced,
                               fl, dfl, nb, roof, _what(ins, mod)))
-    if library:
-        rows.append(KernelRow(LIBRARY_ROW, "dot", "custom-call", execs[LIBRARY_ROW], lib["pred"], shares[LIBRARY_ROW],
-                              raw[LIBRARY_ROW], lib["fl"], lib["dfl"], lib["nb"], "compute",
+    if t.library:
+        rows.append(KernelRow(LIBRARY_ROW, "dot", "custom-call", t.execs[LIBRARY_ROW], lib["pred"],
+                              t.shares[LIBRARY_ROW], t.raw[LIBRARY_ROW], lib["fl"], lib["dfl"], lib["nb"], "compute",
                               f"{lib['count']} library calls (cuBLAS/cuDNN), their kernels traced by library name"))
-    rows.sort(key=lambda r: -(r.measured_s if r.measured_s is not None else r.predicted_s))
+    return rows
+
+
+def _class_errors(rows: list[KernelRow]) -> list[ClassError]:
+    """Predicted against measured per kernel class, in KERNEL_CLASSES order; classes without kernels left out."""
     classes = []
     for cls in KERNEL_CLASSES:
         rs = [r for r in rows if r.kernel_class == cls]
@@ -501,14 +528,39 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
         errs = [abs(r.error) for r in rs if r.error is not None and r.measured_s and r.measured_s > 0]
         classes.append(ClassError(cls, len(rs), sum(r.predicted_s for r in rs),
                                   sum(r.measured_s or 0.0 for r in rs), statistics.median(errs) if errs else None))
+    return classes
+
+
+def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
+         dtype="float32", memory_bw: float | None = None, simulated_mesh: bool | None = None) -> KernelTable:
+    """Join a kernel trace with the program's HLO: one KernelRow per kernel (traced or not), ClassError per class.
+
+    trace None: predictions only (measured fields None). memory_bw: the bandwidth kernels are priced at (default:
+    the spec's; pass workbench.roofline.prediction.memory_bw's choice to match a Prediction)."""
+    mod = parse_module(hlo_text)
+    instrs = {i.name: (comp, i) for comp, body in mod.computations.items() for i in body}
+    costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
+    if simulated_mesh is None:
+        simulated_mesh = spec.kind == "cpu" and n_devices > 1
+    bw = memory_bw or spec.hbm_bw
+    p = _Pricing(spec, dtype, bw, n_devices if simulated_mesh else 1,
+                 host_interconnect(spec, bw) if simulated_mesh else spec.interconnect)
+    colls = {c.name: c for c in parse_collectives(hlo_text, mesh=mesh, n_devices=n_devices, mod=mod)}
+    t = _attribute(trace, instrs, mod, simulated_mesh)
+    names = [n for n in costs] + [n for n in colls if n not in costs]
+    names += [n for n in t.shares if n not in costs and n not in colls and n != LIBRARY_ROW]
+    rows = _rows(names, instrs, mod, costs, colls, t, trace is not None, p)
+    rows.sort(key=lambda r: -(r.measured_s if r.measured_s is not None else r.predicted_s))
+    classes = _class_errors(rows)
     wall = statistics.median(trace.wall_s) if trace is not None and trace.wall_s else 0.0
     notes = []
-    if trace is not None and busy > wall > 0:
-        notes.append(f"kernels ran {busy:.3g}s per step against a {wall:.3g}s traced wall clock: the trace clock and "
-                     "the timer disagree")
+    if trace is not None and t.busy > wall > 0:
+        notes.append(f"kernels ran {t.busy:.3g}s per step against a {wall:.3g}s traced wall clock: the trace clock "
+                     "and the timer disagree")
     if simulated_mesh:
         notes.append(f"{n_devices} simulated devices share this host: predicted and measured times add up over them")
-    return KernelTable(tuple(rows), tuple(classes), steps, wall, busy, raw_total, n_devices, unmatched, tuple(notes))
+    return KernelTable(tuple(rows), tuple(classes), t.steps, wall, t.busy, t.raw_total, n_devices, t.unmatched,
+                       tuple(notes))
 
 
 def kernel_table(program, step: Callable[[int], Any], spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
