@@ -321,40 +321,23 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
 CURVE_MIN_S = 0.3  # seconds each matmul-curve size is timed for, per round (full calibrations)
 
 
-def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
-    """Measure the host's ceilings (about a minute: 65 s on a 2-core Zen 4 VM; quick=True uses small sizes, for tests)."""
+def _calibration_header(feat: dict, quick: bool) -> dict[str, Any]:
+    """The calibration's opening fields: the CPU, its physical peaks, when and under which JAX it ran."""
     import jax
-    import jax.numpy as jnp
 
-    feat = cpu_features()
-    reps = 5 if quick else 9
-    out: dict[str, Any] = {"cpu": feat, "physical": physical_peaks(feat), "quick": quick,
-                           "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                           "jax": jax.__version__, "backend": jax.default_backend(),
-                           "devices": len(jax.devices()), "findings": []}
-    dev = jax.local_devices()[0]  # this process's own (in a process group, devices()[0] may be another's)
-    llc = feat["llc_bytes"] or 32 * 2**20
-    nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
-    nel = nbytes // 4
-    # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
-    few = max(3, reps // 3)
-    bw0, _, xbig = _stream_sample(nel, dev, few, quiet, "start")
-    stream_samples = [bw0]
-    n = 512 if quick else 2048
-    probe = matmul_probe(n, dev)
-    mm_samples = {"start": matmul_sample(probe, few, quiet, "start")}
-    # the vector units' rate (special functions, conversions, in-cache reductions) is sampled the same way
-    nel_t = min(1 << 20, max(llc // 16, 1 << 16))
-    vprobe = vector_probe(nel_t, dev)
-    vec_samples = {"start": vector_sample(vprobe, few, quiet, "start")}
-    # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
-    mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
-    out["matmul"] = mm
-    out.setdefault("findings", []).extend(findings)
-    # achievable matmul rate against problem size: small and skinny matmuls run far from the peak. float32 and
-    # bfloat16 (in its ceiling's result form) each have a curve: their shapes differ (bf16 gains less over float32 on
-    # small matmuls than on large ones). The sizes alternate in rounds, so a drift in the machine's load reaches every
-    # size alike (not one point of a curve)
+    return {"cpu": feat, "physical": physical_peaks(feat), "quick": quick,
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": len(jax.devices()), "findings": []}
+
+
+def _matmul_curves(n: int, mm: dict, dev, reps: int, quick: bool, quiet: bool) -> tuple[dict, list[dict]]:
+    """(bfloat16's rate-against-size curve by dtype, float32's curve sorted by n).
+
+    Achievable matmul rate against problem size: small and skinny matmuls run far from the peak. float32 and
+    bfloat16 (in its ceiling's result form) each have a curve: their shapes differ (bf16 gains less over float32 on
+    small matmuls than on large ones). The sizes alternate in rounds, so a drift in the machine's load reaches every
+    size alike (not one point of a curve)."""
     sizes = (128, 256, 512) if quick else (128, 256, 512, 1024, 2048, 4096)
     keys = [("float32", cn) for cn in sizes]
     bf16_form = (mm.get("bfloat16") or {}).get("result_dtype")
@@ -381,12 +364,16 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
             row["result_dtype"] = bf16_form
         curves.setdefault(dt, []).append(row)
     curve = curves["float32"]
-    del progs
-    out["matmul_curves"] = {dt: v for dt, v in curves.items() if dt != "float32"}
-    out["matmul_curve"] = sorted(curve, key=lambda r: r["n"])
+    return {dt: v for dt, v in curves.items() if dt != "float32"}, sorted(curve, key=lambda r: r["n"])
+
+
+def _streams(out: dict, nel: int, dev, reps: int, few: int, quiet: bool, xbig) -> tuple[float, dict, Any]:
+    """out['stream'] (the out-of-place kernel, the middle sample) and out['stream_inplace'], with the write-allocate
+    finding; returns (the middle sample's bytes/s, its statistics, the stream's buffer)."""
+    import jax
+
     # streaming bandwidth, buffers far larger than the last-level cache: the out-of-place kernel (second sample)
     bw_mid, st, xbig = _stream_sample(nel, dev, reps, quiet, "middle", xbig)
-    stream_samples.append(bw_mid)
     out["stream"] = {"buffer_bytes": nel * 4, "bytes_per_s": bw_mid, "bytes_per_s_iqr": st["bytes_per_s_iqr"],
                      "per_trip_s": st["per_trip_s"], "trips": st["trips"], "spread": st["spread"],
                      "counted": "bytes read + bytes written",
@@ -419,6 +406,15 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
             f"({out['stream_inplace']['bytes_per_s'] / 1e9:.1f} vs {bw_mid / 1e9:.1f} GB/s), below the "
             f"{WRITE_ALLOCATE_RATIO}x that would show write-allocating caches: kernels are priced at the out-of-place "
             "rate, reads and writes alike")
+    return bw_mid, st, xbig
+
+
+def _cache_reduce_convert_transpose(out: dict, xbig, bw_mid: float, dev, llc: int, reps: int, quick: bool,
+                                    quiet: bool) -> None:
+    """out['cache_stream'], out['reduce'] (with its write-allocate finding), out['convert'], out['transpose']."""
+    import jax
+    import jax.numpy as jnp
+
     # the out-of-place kernel over a buffer that stays in the last-level cache
     nel_c = max(llc // 4 // 4, 1 << 14)
     xc = jax.device_put(jax.random.normal(jax.random.key(4), (nel_c,), jnp.float32), dev)
@@ -435,21 +431,33 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
             "their adds at the in-cache reduction rate")
     out["convert"] = measure_convert(dev, reps, quiet)
     out["transpose"] = measure_transpose(dev, llc, reps, quiet, quick)
-    del xc
+
+
+def _first_touch(xbig, st: dict, nel: int, reps: int, quiet: bool) -> dict:
+    """What a fresh large output costs beyond a reused one (page faults), or a note that it costs nothing here."""
+    import jax
+
     _say("calibrate: first-touch cost of fresh large outputs (the same kernel, a new output buffer each call)", quiet)
     fresh = jax.jit(lambda x: x * 1.0001 + 0.5).lower(xbig).compile()
     mf = measure(fresh, xbig, warmup=1, repeats=max(3, reps // 2))
     extra = mf.median_s - st["per_trip_s"]
     measurable = extra > 0.05 * st["per_trip_s"]
-    out["first_touch"] = {"bytes_per_s": nel * 4 / extra if measurable else None, "fresh_call_s": mf.median_s,
-                          "out_of_place_trip_s": st["per_trip_s"],
-                          "why": "buffers above glibc's mmap threshold (32 MiB) are mapped fresh on every call, so "
-                                 "each new output page is faulted in and zeroed: a fresh-output call against one "
-                                 "trip of the out-of-place loop, whose output pages are already mapped"}
+    out = {"bytes_per_s": nel * 4 / extra if measurable else None, "fresh_call_s": mf.median_s,
+           "out_of_place_trip_s": st["per_trip_s"],
+           "why": "buffers above glibc's mmap threshold (32 MiB) are mapped fresh on every call, so "
+                  "each new output page is faulted in and zeroed: a fresh-output call against one "
+                  "trip of the out-of-place loop, whose output pages are already mapped"}
     if not measurable:
-        out["first_touch"]["note"] = ("a fresh output cost no more than a reused one (within 5 %): page faults are "
-                                      "not priced on this host")
-    # special functions: a dependent chain on an in-cache array
+        out["note"] = ("a fresh output cost no more than a reused one (within 5 %): page faults are "
+                       "not priced on this host")
+    return out
+
+
+def _transcendentals(vprobe, nel_t: int, reps: int, quiet: bool) -> dict:
+    """Special functions' throughput: a dependent chain on an in-cache array, per function."""
+    import jax
+    import jax.numpy as jnp
+
     depth = VECTOR_DEPTH  # deeper chains spill: 8-deep ran at half the per-op rate of a softmax here
     chains = {"exp": None, "tanh": jnp.tanh, "log": lambda y: jnp.log(1.0 + y)}  # exp: the vector probe itself
     xt = vprobe[1]
@@ -465,7 +473,14 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         c = vprobe[0] if op is None else jax.jit(chain).lower(xt).compile()
         m = measure(c, xt, warmup=2, repeats=reps)
         tr[name] = {"per_s": depth * nel_t / m.median_s, "spread": m.spread, "elements": nel_t, "depth": depth}
-    out["transcendentals"] = tr
+    return tr
+
+
+def _call_costs(out: dict, dev, reps: int, quick: bool, quiet: bool) -> None:
+    """out['call_overhead_s'], out['kernel_launch'] and (full calibrations) out['rendezvous']."""
+    import jax
+    import jax.numpy as jnp
+
     # fixed cost of one call: a compiled program that does almost nothing (dispatch, argument handling, sync)
     _say("calibrate: per-call overhead (a one-element program)", quiet)
     one = jax.device_put(jnp.ones((1,), jnp.float32), dev)
@@ -478,6 +493,52 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
         _say("calibrate: rendezvous cost of one collective on 8 simulated devices, groups of 2, 4, 8 (a fresh "
              "process)", quiet)
         out["rendezvous"] = measure_rendezvous(8, 5)
+
+
+def _stream_drift(out: dict, stream_samples: list[float]) -> None:
+    """out['stream'] takes the median of its start, middle and end samples; a drift over 15 % is a finding."""
+    lo, hi = min(stream_samples), max(stream_samples)
+    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
+                         bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
+                         sampled="at the start, the middle and the end of the calibration; bytes_per_s is the median")
+    if hi > 1.15 * lo:
+        out["findings"].append(f"streaming bandwidth drifted {hi / lo - 1:.0%} across the calibration "
+                               f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
+
+
+def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
+    """Measure the host's ceilings (about a minute: 65 s on a 2-core Zen 4 VM; quick=True uses small sizes, for tests)."""
+    import jax
+
+    feat = cpu_features()
+    reps = 5 if quick else 9
+    out = _calibration_header(feat, quick)
+    dev = jax.local_devices()[0]  # this process's own (in a process group, devices()[0] may be another's)
+    llc = feat["llc_bytes"] or 32 * 2**20
+    nbytes = (64 * 2**20) if quick else int(min(max(512 * 2**20, 16 * llc), max(feat["mem_bytes"] // 8, 64 * 2**20)))
+    nel = nbytes // 4
+    # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
+    few = max(3, reps // 3)
+    bw0, _, xbig = _stream_sample(nel, dev, few, quiet, "start")
+    stream_samples = [bw0]
+    n = 512 if quick else 2048
+    probe = matmul_probe(n, dev)
+    mm_samples = {"start": matmul_sample(probe, few, quiet, "start")}
+    # the vector units' rate (special functions, conversions, in-cache reductions) is sampled the same way
+    nel_t = min(1 << 20, max(llc // 16, 1 << 16))
+    vprobe = vector_probe(nel_t, dev)
+    vec_samples = {"start": vector_sample(vprobe, few, quiet, "start")}
+    # matmuls: every operand dtype in each result form XLA:CPU compiles; the fastest form is the dtype's ceiling
+    mm, findings = matmul_ceilings(n, reps, dev, feat, quiet=quiet)
+    out["matmul"] = mm
+    out.setdefault("findings", []).extend(findings)
+    out["matmul_curves"], out["matmul_curve"] = _matmul_curves(n, mm, dev, reps, quick, quiet)
+    bw_mid, st, xbig = _streams(out, nel, dev, reps, few, quiet, xbig)
+    stream_samples.append(bw_mid)
+    _cache_reduce_convert_transpose(out, xbig, bw_mid, dev, llc, reps, quick, quiet)
+    out["first_touch"] = _first_touch(xbig, st, nel, reps, quiet)
+    out["transcendentals"] = _transcendentals(vprobe, nel_t, reps, quiet)
+    _call_costs(out, dev, reps, quick, quiet)
     stream_samples.append(_stream_sample(nel, dev, few, quiet, "end", xbig)[0])
     del xbig
     mm_samples["end"] = matmul_sample(probe, few, quiet, "end")
@@ -488,13 +549,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     del vprobe
     vec_samples["middle"] = out["transcendentals"]["exp"]["per_s"]
     out["findings"] += apply_vector_level(out, vec_samples)
-    lo, hi = min(stream_samples), max(stream_samples)
-    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
-                         bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
-                         sampled="at the start, the middle and the end of the calibration; bytes_per_s is the median")
-    if hi > 1.15 * lo:
-        out["findings"].append(f"streaming bandwidth drifted {hi / lo - 1:.0%} across the calibration "
-                               f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
+    _stream_drift(out, stream_samples)
     out["findings"] += peak_findings(out)
     return out
 
