@@ -148,6 +148,7 @@ class Steps:
         self._template = model
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
         self.params = quantize_params(cast_params(params, self.compute_dtype), quant)
+        self.jitted: dict = {}  # compiled helpers kept with the weights they serve (greedy_generate, speculation)
 
     def model(self, params, rest):
         from flax import nnx
@@ -215,10 +216,10 @@ class Engine:
     """Continuous batching over `slots` rows of one cache of max_len positions (see the module's docstring)."""
 
     def __init__(self, model, slots: int, max_len: int, *, quant: str = "none", kv_dtype: str = "auto",
-                 sampling: Sampling = Sampling(), seed: int = 0):
+                 sampling: Sampling = Sampling(), seed: int = 0, steps: Steps | None = None):
         if slots < 1:
             raise WorkbenchError(f"the engine needs at least one slot, got {slots}")
-        self.steps = Steps(model, quant=quant, kv_dtype=kv_dtype)
+        self.steps = steps or Steps(model, quant=quant, kv_dtype=kv_dtype)
         self.slots, self.max_len, self.sampling, self.seed = slots, max_len, sampling, seed
         self.cache = self.steps.init_cache(slots, max_len)
         st = self.steps
@@ -233,6 +234,10 @@ class Engine:
 
         self._insert = jax.jit(insert, donate_argnums=2)
         self._decode = jax.jit(decode, donate_argnums=2)
+
+    @classmethod
+    def from_steps(cls, steps: Steps, slots: int, max_len: int, *, sampling: Sampling = Sampling(), seed: int = 0):
+        return cls(None, slots, max_len, sampling=sampling, seed=seed, steps=steps)
 
     def _key(self, step: int, salt: int):
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), step), salt)
@@ -282,6 +287,29 @@ class Engine:
 # ------------------------------------------------------------------------------------------------ speculative decoding
 
 
+def greedy_generate(steps: Steps, prompts_bt, n_new: int, max_len: int):
+    """Plain greedy decoding of n_new tokens per row with the serving steps: (b, t + n_new) tokens."""
+    if "greedy" not in steps.jitted:
+        def first(params, rest, tokens_bt, lengths_b, cache):
+            logits, cache = steps.prefill(params, rest, tokens_bt, lengths_b, cache)
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+
+        def nxt(params, rest, tok_b, cache):
+            logits, cache = steps.decode(params, rest, tok_b, cache)
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+
+        steps.jitted["greedy"] = (jax.jit(first, donate_argnums=4), jax.jit(nxt, donate_argnums=3))
+    first, nxt = steps.jitted["greedy"]
+    b, t = prompts_bt.shape
+    tok, cache = first(steps.params, steps.rest, prompts_bt, jnp.full((b,), t, jnp.int32),
+                       steps.init_cache(b, max_len))
+    out = [tok]
+    for _ in range(n_new - 1):
+        tok, cache = nxt(steps.params, steps.rest, tok, cache)
+        out.append(tok)
+    return np.concatenate([np.asarray(prompts_bt), np.stack([np.asarray(o) for o in out], axis=1)], axis=1)
+
+
 def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k: int, max_len: int):
     """Greedy speculative decoding of n_new tokens per row. Returns (tokens (b, t + n_new), stats): rounds, drafted
     and accepted tokens, acceptance rate (accepted / drafted), tokens per round."""
@@ -290,7 +318,10 @@ def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k:
     b, t = prompts_bt.shape
     if t + n_new + k + 1 > max_len:
         raise WorkbenchError(f"prompt {t} + {n_new} new + {k + 1} speculative positions exceed the cache ({max_len})")
-    fns = speculative_steps(target, draft, k)
+    key = ("speculative", id(draft), k)
+    if key not in target.jitted:
+        target.jitted[key] = speculative_steps(target, draft, k)
+    fns = target.jitted[key]
     tc, dc = target.init_cache(b, max_len), draft.init_cache(b, max_len)
     lengths = jnp.full((b,), t, jnp.int32)
     cur, tc = fns["prefill_target"](target.params, target.rest, prompts_bt, lengths, tc)

@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 
 # command modules, registered in this order; each defines register(app: typer.Typer)
 COMMAND_MODULES = ["hw", "calibrate", "roofline", "results", "demo", "model_info", "run", "predict", "plan",
-                   "precision", "moe", "sweep", "paper", "fusion", "tiling"]
+                   "precision", "moe", "sweep", "paper", "fusion", "tiling", "serve"]
 
 
 def _register():

@@ -37,6 +37,11 @@ CASES = [
       "--steps", "1", "--pipeline-schedule", "zb"], "unknown pipeline schedule 'zb'"),
     (["predict", "--preset", "small", "--target", "tpu-v5e:2x2", "--strategy", "pp", "--mesh", "stage=4",
       "--microbatches", "4", "--pipeline-schedule", "1f1b", "--policy", "fp16"], "1F1B does not apply fp16's loss"),
+    (["serve", "--preset", "small", "--batch", "0"], "--batch takes positive sizes"),
+    (["serve", "--preset", "small", "--batch", "1", "--quant", "int3"], "unknown weight quantization 'int3'"),
+    (["serve", "--preset", "small", "--batch", "1", "--kv-dtype", "int2"], "unknown KV-cache dtype 'int2'"),
+    (["serve", "--preset", "small", "--prompt-len", "200", "--gen-len", "100"], "exceeds small's learned position"),
+    (["serve", "--preset", "llama3-8b", "--target", "h100:8", "--draft", "tiny"], "--draft and --requests run on"),
 ]
 
 

@@ -699,8 +699,8 @@ def conv_macs(attrs: str, lhs: Shape, rhs: Shape, out: Shape) -> tuple[int, int]
 def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
                     shapes: dict[str, Shape]) -> tuple[float, float]:
     """Bytes a fusion really moves when it slices its operands or updates a buffer in place: a parameter read only
-    through dynamic-slice costs the slices; a root dynamic-update-slice writes only the update (the buffer aliases
-    the output)."""
+    through dynamic-slice costs the slices; a root dynamic-update-slice or scatter writes only the update (the
+    buffer aliases the output)."""
     params = {}
     for i in body:
         if i.opcode == "parameter":
@@ -719,8 +719,9 @@ def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: fl
         if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == name for u in us):
             by[idx] = sum(u.out_bytes for u in us)
     root = next((i for i in body if i.is_root), None)
-    if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
-        buf, upd = root.operands[0], root.operands[1]
+    # a root scatter updates its operand in place like a dynamic-update-slice: scatter(buffer, indices, updates)
+    if root is not None and root.opcode in ("dynamic-update-slice", "scatter") and len(root.operands) > 1:
+        buf, upd = root.operands[0], root.operands[-1 if root.opcode == "scatter" else 1]
         if buf in params and params[buf] is not None and params[buf] < len(by):
             by[params[buf]] = 0.0  # aliased in place
         upd_bytes = shapes[upd].bytes if upd in shapes else out_bytes

@@ -1,0 +1,123 @@
+"""The serving engine against plain references: the cached forward against the full forward, speculative decoding
+against greedy decoding, continuous batching against one request at a time, the decode step's cache written in place
+(read from the compiled program), quantized weights against float32 ones."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import inference
+from models.presets import get_config
+from models.serving import Engine, Request, Sampling, Steps, greedy_generate, sample, speculative_generate, weight_bytes
+from models.transformer import Transformer
+from workbench.errors import WorkbenchError
+from workbench.testing import assert_close
+
+LLAMA_TINY = "mlp=swiglu,norm=rmsnorm,pos=rope,bias=false,tie_embeddings=false,n_kv_heads=2"
+
+
+def _model(overrides=None, seed=0):
+    return Transformer(get_config("tiny", overrides), "float32", nnx.Rngs(seed))
+
+
+@pytest.mark.parametrize("overrides", ["scan_layers=true", LLAMA_TINY])
+def test_ragged_prefill_then_decode_matches_the_full_forward(overrides):
+    """Rows of one batch hold prompts of different lengths (right-padded): each row's logits equal the full forward's
+    at its own positions; a scanned model unrolled for serving computes the same."""
+    model = _model(overrides)
+    tok = jax.random.randint(jax.random.key(1), (2, 12), 0, 256).astype(jnp.int32)
+    full, _ = model(tok)
+    u = inference.unrolled(model)
+    padded = tok[:, :8].at[1, 5:].set(0)
+    logits, cache = inference.prefill(u, padded, max_len=16, lengths_b=jnp.array([8, 5]), last_only=True)
+    assert_close(logits[:, 0], jnp.stack([full[0, 7], full[1, 4]]), "float32")
+    assert cache["lengths"].tolist() == [8, 5]
+    logits, cache = inference.decode_step(u, jnp.stack([tok[0, 8], tok[1, 5]])[:, None], cache)
+    assert_close(logits[:, 0], jnp.stack([full[0, 8], full[1, 5]]), "float32")
+    assert cache["lengths"].tolist() == [9, 6]
+
+
+@pytest.mark.parametrize("kv,dtype", [("bfloat16", "bfloat16"), ("float8", "float8_e4m3fn"), ("int8", "bfloat16")])
+def test_quantized_kv_cache_stays_close(kv, dtype):
+    model = _model(LLAMA_TINY)
+    tok = jax.random.randint(jax.random.key(2), (2, 9), 0, 256).astype(jnp.int32)
+    full, _ = model(tok)
+    _, cache = inference.prefill(model, tok[:, :8], max_len=16, kv_dtype=kv)
+    logits, _ = inference.decode_step(model, tok[:, 8:9], cache)
+    assert_close(logits[:, 0], full[:, 8], dtype, scale=3)
+
+
+def test_decode_writes_the_cache_in_place():
+    """The compiled decode step aliases every cache buffer to its output, and its bytes grow with the cache by about
+    one read of it (attention), never by the read and write a copy of the cache per token would add."""
+    from workbench.cost.compile import compile_program
+    from workbench.programs.serve import kernel_bytes
+
+    st = Steps(_model(LLAMA_TINY + ",d_model=128,d_ff=512"))
+    moved, kv = [], []
+    for s in (64, 256):
+        cache = st.init_cache(16, s)
+        comp = compile_program(jax.jit(st.decode, donate_argnums=3), st.params, st.rest, jnp.zeros((16,), jnp.int32),
+                               cache)
+        header = comp.hlo_text.split("input_output_alias={", 1)[1].split("entry_computation_layout", 1)[0]
+        assert header.count("-alias)") >= 2 * st.cfg.n_layers
+        moved.append(kernel_bytes(comp.cost))
+        kv.append(inference.cache_bytes(cache))
+    slope = (moved[1] - moved[0]) / (kv[1] - kv[0])
+    assert 0.9 < slope < 1.6, (slope, moved, kv)
+    assert moved[0] > weight_bytes(st.params)
+
+
+def test_speculative_decoding_gives_the_target_greedy_tokens():
+    target = Steps(_model("seq_len=128"))
+    draft = Steps(_model("seq_len=128,n_layers=1", seed=7))
+    prompts = jax.random.randint(jax.random.key(3), (2, 10), 0, 256).astype(jnp.int32)
+    ref = greedy_generate(target, prompts, 20, 64)
+    out, stats = speculative_generate(target, draft, prompts, 20, 3, 64)
+    np.testing.assert_array_equal(out, ref)
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0 and 1.0 <= stats["tokens_per_round"] <= 4.0
+    ref_plain = inference.generate(target._template, prompts, 20, max_len=64)
+    np.testing.assert_array_equal(out, np.asarray(ref_plain))
+
+
+def test_continuous_batching_equals_one_request_at_a_time_and_is_deterministic():
+    model = _model("seq_len=64")
+    rng = np.random.default_rng(0)
+    reqs = [Request(i, rng.integers(0, 256, size=3 + 2 * i).astype(np.int32), 2 + 3 * (i % 3)) for i in range(5)]
+    runs = [Engine(model, slots=2, max_len=32).serve(reqs) for _ in range(2)]
+    assert [(d.id, d.admitted_step, d.finished_step) for d in runs[0]] == \
+           [(d.id, d.admitted_step, d.finished_step) for d in runs[1]]
+    for d in runs[0]:
+        r = reqs[d.id]
+        alone = inference.generate(model, jnp.asarray(r.prompt)[None], r.max_new, max_len=32)
+        assert d.tokens == np.asarray(alone[0, len(r.prompt):]).tolist(), d.id
+    with pytest.raises(WorkbenchError, match="do not fit"):
+        Engine(model, slots=1, max_len=8).serve([Request(0, np.zeros(6, np.int32), 4)])
+
+
+@pytest.mark.parametrize("quant,ratio", [("int8", 0.3), ("int4", 0.2), ("fp8", 0.3)])
+def test_quantized_weights_are_smaller_and_close(quant, ratio):
+    model = _model(LLAMA_TINY)
+    base, q = Steps(model), Steps(model, quant=quant)
+    tok = jax.random.randint(jax.random.key(4), (2, 8), 0, 256).astype(jnp.int32)
+    cache = base.init_cache(2, 16)
+    ref, _ = base.prefill(base.params, base.rest, tok, jnp.array([8, 8]), cache)
+    got, _ = q.prefill(q.params, q.rest, tok, jnp.array([8, 8]), q.init_cache(2, 16))
+    err = float(jnp.abs(got - ref).max() / jnp.abs(ref).max())
+    assert err < {"int8": 0.02, "int4": 0.2, "fp8": 0.08}[quant], err
+    # the matmul weights shrink 4x (int8, fp8) or 8x (int4) from float32; embeddings and norms do not
+    assert weight_bytes(q.params) < (1 - ratio) * weight_bytes(base.params)
+
+
+def test_sampling_limits():
+    logits = jnp.log(jnp.array([[0.05, 0.6, 0.3, 0.05]] * 4))
+    key = jax.random.key(0)
+    greedy = sample(logits, key, Sampling())
+    assert greedy.tolist() == [1] * 4
+    assert sample(logits, key, Sampling(temperature=1.0, top_k=1)).tolist() == [1] * 4
+    assert sample(logits, key, Sampling(temperature=1.0, top_p=0.5)).tolist() == [1] * 4
+    draws = sample(jnp.repeat(logits, 256, axis=0), key, Sampling(temperature=1.0, top_k=2))
+    assert set(np.asarray(draws).tolist()) == {1, 2}
+    with pytest.raises(WorkbenchError):
+        Sampling(top_p=0.0)
