@@ -86,10 +86,6 @@ class _NoVariable(nnx.Variable):
 def _grad_meta_filter(policy):
     """Variables differentiated alongside the parameters whose 'gradient' is their new value (fp8 delayed scaling
     of gradients, models/quant.py's Fp8GradMeta); a filter that matches nothing otherwise."""
-    try:
-        pass
-    except ModuleNotFoundError:
-        return _NoVariable
     wrt = quant.grad_wrt(policy)
     return quant.Fp8GradMeta if (wrt is not nnx.Param and hasattr(quant, "Fp8GradMeta")) else _NoVariable
 
@@ -186,87 +182,63 @@ def abstract_with(tree, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
 
 
-def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batch_size: int, seq_len: int | None = None,
-                     microbatches: int = 1, abstract: bool = False, seed: int = 0, learning_rate: float | None = None,
-                     total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0,
-                     pipeline_repeats: int = 1, pipeline_schedule: str = "gpipe") -> TrainProgram:
-    """The sharded training step of `cfg` under `strategy` on `mesh` (see the module docstring).
+@dataclasses.dataclass(frozen=True, eq=False)
+class _StepFunctions:
+    """The functions a training step is built from, over one model, policy, mesh and strategy; each is traced under
+    jit (the names are the compiled programs' names: jit_train_step, jit_eval_step, jit_grads_only, jit_init_fn)."""
 
-    abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
-    Pipelined strategies (pp, pp+fsdp, pp+tp, pp+fsdp+tp): `microbatches` are the pipeline's microbatches (not
-    gradient accumulation), `pipeline_repeats` > 1 the circular schedule's virtual stages per device,
-    `pipeline_schedule` 'gpipe' (circular when repeats > 1) or '1f1b' (the loss computed by
-    models.pipeline.pipelined_loss, whose backward is interleaved with its forward); the layers are stacked
-    (scan_layers=true) and stored in stage order (models/pipeline.py).
-    """
+    cfg: ModelConfig
+    policy: Any
+    mesh: Any
+    rules: Any
+    pipe: pp.PipelineSpec | None
+    tx: Any
+    seed: int
+    gm: Any  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
+    graphdef: Any
+    microbatches: int
+    accumulate: int  # gradient-accumulation steps (1 for pipelines: their microbatches are the schedule's)
+    mb_size: int
+    seq_len: int
 
-    policy = get_policy(policy)
-    rules = get_rules(strategy)
-    pipe, cfg = pipeline_for(cfg, rules, int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
-                             pipeline_schedule, batch_size, policy)
-    cfg = resolve_attention(cfg, mesh.devices.flat[0].platform, policy.compute_dtype)  # auto: per platform
-    seq_len = cfg.seq_len if seq_len is None else int(seq_len)
-    if cfg.pos == "learned" and seq_len > cfg.seq_len:
-        raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "
-                             f"lower --seq or set seq_len={seq_len} in the model config")
-    if batch_size < 1 or microbatches < 1 or batch_size % microbatches:
-        raise WorkbenchError(f"batch size {batch_size} must be a positive multiple of microbatches={microbatches}")
-    mb_size = batch_size // microbatches
-    accumulate = 1 if pipe is not None else microbatches  # gradient-accumulation steps
-    # batch sharding (errors name 'batch' and the mesh axis when the batch does not divide)
-    batch_spec = spec_for(("batch", "seq"), (mb_size, seq_len), mesh, rules, what="batch (per microbatch)")
-    batch_sharding = NamedSharding(mesh, batch_spec)
-    tx = make_optimizer(learning_rate or default_learning_rate(cfg), total_steps, weight_decay=weight_decay,
-                        clip_norm=clip_norm)
-    loss_scaling = policy.loss_scaling
-
-    gm = _grad_meta_filter(policy)  # fp8 gradient-scaling state: differentiated, its "gradient" is its new value
-    one_f_one_b = pipe is not None and pipe.schedule == "1f1b"
-
-    def init_fn():
-        model = Transformer(cfg, policy, nnx.Rngs(seed))
-        if pipe is not None:  # the same parameters, the stacked layer axis in stage order
-            nnx.update(model.blocks, pp.to_stage_order(nnx.state(model.blocks), pipe, cfg.n_layers))
-        _, params, gmeta, rest = nnx.split(model, nnx.Param, gm, ...)
-        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": tx.init(params),
+    def init_fn(self):
+        model = Transformer(self.cfg, self.policy, nnx.Rngs(self.seed))
+        if self.pipe is not None:  # the same parameters, the stacked layer axis in stage order
+            nnx.update(model.blocks, pp.to_stage_order(nnx.state(model.blocks), self.pipe, self.cfg.n_layers))
+        _, params, gmeta, rest = nnx.split(model, nnx.Param, self.gm, ...)
+        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": self.tx.init(params),
                  "step": jnp.zeros((), jnp.int32)}
-        if loss_scaling is not None:
-            state["loss_scale"] = loss_scaling.init()
+        if self.policy.loss_scaling is not None:
+            state["loss_scale"] = self.policy.loss_scaling.init()
         return state
 
-    abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(seed)))
-    graphdef = nnx.split(abs_model, nnx.Param, gm, ...)[0]
-    abs_state = jax.eval_shape(init_fn)
-    state_shardings(abs_state["params"], mesh, rules)  # first, so divisibility errors name the parameter path
-    shardings = state_shardings(abs_state, mesh, rules)
-    abs_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
-                 for k in ("inputs", "targets")}
+    def apply_model(self, model, tokens_bt):
+        return model(tokens_bt) if self.pipe is None else pp.forward(model, tokens_bt, self.pipe, self.mesh)
 
-    def apply_model(model, tokens_bt):
-        return model(tokens_bt) if pipe is None else pp.forward(model, tokens_bt, pipe, mesh)
-
-    def forward_loss(params, gmeta, rest, batch, ls_state):
-        model = nnx.merge(graphdef, params, gmeta, rest)
-        if one_f_one_b:  # head and loss per microbatch on the last stage, inside the schedule
-            loss = pp.pipelined_loss(model, batch["inputs"], batch["targets"], pipe, mesh, cross_entropy_one_hot)
+    def forward_loss(self, params, gmeta, rest, batch, ls_state):
+        model = nnx.merge(self.graphdef, params, gmeta, rest)
+        if self.pipe is not None and self.pipe.schedule == "1f1b":  # head and loss per microbatch on the last stage
+            loss = pp.pipelined_loss(model, batch["inputs"], batch["targets"], self.pipe, self.mesh,
+                                     cross_entropy_one_hot)
             aux = {}
         else:
-            logits_btv, aux = apply_model(model, batch["inputs"])
+            logits_btv, aux = self.apply_model(model, batch["inputs"])
             loss = cross_entropy(logits_btv, batch["targets"])
         total = loss + aux.get("loss", 0.0)
-        new_rest = nnx.split(model, nnx.Param, gm, ...)[3]
-        if loss_scaling is not None:
-            total = loss_scaling.scale(total, ls_state)
+        new_rest = nnx.split(model, nnx.Param, self.gm, ...)[3]
+        if self.policy.loss_scaling is not None:
+            total = self.policy.loss_scaling.scale(total, ls_state)
         return total, (loss, aux, new_rest)
 
-    grad_fn = jax.value_and_grad(forward_loss, argnums=(0, 1), has_aux=True)
-
-    def loss_and_grads(params, gmeta, rest, batch, ls_state):
+    def loss_and_grads(self, params, gmeta, rest, batch, ls_state):
         """-> (loss, aux, new rest, parameter grads, new gmeta); microbatches accumulate (mean) in a scan."""
-        if accumulate == 1:
+        grad_fn = jax.value_and_grad(self.forward_loss, argnums=(0, 1), has_aux=True)
+        if self.accumulate == 1:
             (_, (loss, aux, rest)), (grads, gmeta) = grad_fn(params, gmeta, rest, batch, ls_state)
             return loss, aux, rest, grads, gmeta
-        mbs = {k: constrain(v.reshape(microbatches, mb_size, seq_len), (None, "batch", "seq"), f"microbatched {k}")
+        microbatches = self.microbatches
+        mbs = {k: constrain(v.reshape(microbatches, self.mb_size, self.seq_len), (None, "batch", "seq"),
+                            f"microbatched {k}")
                for k, v in batch.items()}
 
         def body(carry, mb):
@@ -286,16 +258,17 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
         mean = lambda t: jax.tree.map(lambda x: x / microbatches, t)
         return l / microbatches, mean(a), rest, mean(g), mean(m)
 
-    def train_step(state, batch):
-        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
+    def train_step(self, state, batch):
+        loss_scaling = self.policy.loss_scaling
+        with activation_sharding(self.mesh, self.rules), compat.use_abstract_mesh(self.mesh.abstract_mesh):
             ls_state = state.get("loss_scale")
-            loss, aux, rest, grads, gmeta = loss_and_grads(state["params"], state["gmeta"], state["rest"], batch,
-                                                           ls_state)
+            loss, aux, rest, grads, gmeta = self.loss_and_grads(state["params"], state["gmeta"], state["rest"], batch,
+                                                                ls_state)
             new_state = dict(state)
             finite = None
             if loss_scaling is not None:
                 grads, new_state["loss_scale"], finite = loss_scaling.unscale_and_check(grads, ls_state)
-            updates, opt = tx.update(grads, state["opt"], state["params"])
+            updates, opt = self.tx.update(grads, state["opt"], state["params"])
             params = optax.apply_updates(state["params"], updates)
             if finite is not None:  # fp16 overflow: skip the update, keep the old state
                 keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
@@ -304,35 +277,76 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
             metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
             return new_state, metrics
 
-    def eval_step(params, gmeta, rest, batch):
-        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
-            model = nnx.merge(graphdef, params, gmeta, rest)
-            logits_btv, _ = apply_model(model, batch["inputs"])
+    def eval_step(self, params, gmeta, rest, batch):
+        with activation_sharding(self.mesh, self.rules), compat.use_abstract_mesh(self.mesh.abstract_mesh):
+            model = nnx.merge(self.graphdef, params, gmeta, rest)
+            logits_btv, _ = self.apply_model(model, batch["inputs"])
             return cross_entropy(logits_btv, batch["targets"])
 
-    def grads_only(params, gmeta, rest, batch):
-        with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
+    def grads_only(self, params, gmeta, rest, batch):
+        loss_scaling = self.policy.loss_scaling
+        with activation_sharding(self.mesh, self.rules), compat.use_abstract_mesh(self.mesh.abstract_mesh):
             ls_state = loss_scaling.init() if loss_scaling is not None else None
-            loss, _, _, grads, _ = loss_and_grads(params, gmeta, rest, batch, ls_state)
+            loss, _, _, grads, _ = self.loss_and_grads(params, gmeta, rest, batch, ls_state)
             return loss, grads
 
-    step = jax.jit(train_step, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
+
+def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batch_size: int, seq_len: int | None = None,
+                     microbatches: int = 1, abstract: bool = False, seed: int = 0, learning_rate: float | None = None,
+                     total_steps: int = 1000, weight_decay: float = 0.1, clip_norm: float = 1.0,
+                     pipeline_repeats: int = 1, pipeline_schedule: str = "gpipe") -> TrainProgram:
+    """The sharded training step of `cfg` under `strategy` on `mesh` (see the module docstring).
+
+    abstract=True builds no arrays (ShapeDtypeStructs carrying their shardings): for AOT compiles on topologies.
+    Pipelined strategies (pp, pp+fsdp, pp+tp, pp+fsdp+tp): `microbatches` are the pipeline's microbatches (not
+    gradient accumulation), `pipeline_repeats` > 1 the circular schedule's virtual stages per device,
+    `pipeline_schedule` 'gpipe' (circular when repeats > 1) or '1f1b' (the loss computed by
+    models.pipeline.pipelined_loss, whose backward is interleaved with its forward); the layers are stacked
+    (scan_layers=true) and stored in stage order (models/pipeline.py).
+    """
+    policy = get_policy(policy)
+    rules = get_rules(strategy)
+    pipe, cfg = pipeline_for(cfg, rules, int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
+                             pipeline_schedule, batch_size, policy)
+    cfg = resolve_attention(cfg, mesh.devices.flat[0].platform, policy.compute_dtype)  # auto: per platform
+    seq_len = cfg.seq_len if seq_len is None else int(seq_len)
+    if cfg.pos == "learned" and seq_len > cfg.seq_len:
+        raise WorkbenchError(f"seq_len={seq_len} exceeds the model's learned positions ({cfg.seq_len}); "
+                             f"lower --seq or set seq_len={seq_len} in the model config")
+    if batch_size < 1 or microbatches < 1 or batch_size % microbatches:
+        raise WorkbenchError(f"batch size {batch_size} must be a positive multiple of microbatches={microbatches}")
+    mb_size = batch_size // microbatches
+    # batch sharding (errors name 'batch' and the mesh axis when the batch does not divide)
+    batch_spec = spec_for(("batch", "seq"), (mb_size, seq_len), mesh, rules, what="batch (per microbatch)")
+    batch_sharding = NamedSharding(mesh, batch_spec)
+    tx = make_optimizer(learning_rate or default_learning_rate(cfg), total_steps, weight_decay=weight_decay,
+                        clip_norm=clip_norm)
+    gm = _grad_meta_filter(policy)
+    abs_model = nnx.eval_shape(lambda: Transformer(cfg, policy, nnx.Rngs(seed)))
+    graphdef = nnx.split(abs_model, nnx.Param, gm, ...)[0]
+    fns = _StepFunctions(cfg, policy, mesh, rules, pipe, tx, seed, gm, graphdef, microbatches,
+                         1 if pipe is not None else microbatches, mb_size, seq_len)
+    abs_state = jax.eval_shape(fns.init_fn)
+    state_shardings(abs_state["params"], mesh, rules)  # first, so divisibility errors name the parameter path
+    shardings = state_shardings(abs_state, mesh, rules)
+    step = jax.jit(fns.train_step, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                    donate_argnums=0)
-    init = jax.jit(init_fn, out_shardings=shardings)
-    evaluate = jax.jit(eval_step, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
-                                                 batch_sharding))
-    grads = jax.jit(grads_only, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
-                                              batch_sharding),
+    init = jax.jit(fns.init_fn, out_shardings=shardings)
+    evaluate = jax.jit(fns.eval_step, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                                     batch_sharding))
+    grads = jax.jit(fns.grads_only, in_shardings=(shardings["params"], shardings["gmeta"], shardings["rest"],
+                                                  batch_sharding),
                     out_shardings=(None, shardings["params"]))
     if abstract:
-        state, batch = abstract_with(abs_state, shardings), abs_batch
+        state = abstract_with(abs_state, shardings)
+        batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding)
+                 for k in ("inputs", "targets")}
     else:
         state = init()
         batch = {k: jax.device_put(np.zeros((batch_size, seq_len), np.int32), batch_sharding)
                  for k in ("inputs", "targets")}
     return TrainProgram(step, state, batch, evaluate, grads, init, shardings, batch_sharding, mesh, rules, policy, cfg,
                         graphdef, tx, batch_size, seq_len, microbatches, pipe)
-
 
 
 # ------------------------------------------------------------------------------------------------- training loop
