@@ -495,6 +495,208 @@ def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     return spec, spec.peak(dtype) * mult, f"ceiling: {mult} x {spec.name} peak"
 
 
+def _precision(precision: str | None) -> tuple[str, str]:
+    """(the precision policy's name, why it was chosen)."""
+    if precision is None:
+        precision = default_precision()
+        return precision, ("default on a CPU host: XLA:CPU has no faster bfloat16 matmul path (it computes bf16 in "
+                           "float32)" if precision == "float32" else "default on accelerators")
+    return precision, "requested"
+
+
+def _compile_step(prog: TrainProgram, mesh, analytic: bool):
+    """(the step compiled with its CostReport, the abstract state it takes)."""
+    abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
+    abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in prog.batch.items()}
+    comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=mesh.size, analytic=analytic,
+                           compute_dtype=np.dtype(prog.policy.compute_dtype).name)
+    return comp, abs_state
+
+
+def _open_checkpoint(checkpoint: CheckpointSpec | None, prog: TrainProgram, mesh, steps: int, seed: int,
+                     abs_state):
+    """(the Checkpointer or None, the state to start from, the step it is at)."""
+    state = prog.state
+    ckpt, start = None, 0
+    if checkpoint is not None:  # the data position is the step: batch i is a pure function of (seed, i)
+        ckpt = Checkpointer(checkpoint, {"model": prog.cfg.to_dict(), "precision": prog.policy.name,
+                                         "batch_size": prog.batch_size, "seq_len": prog.seq_len,
+                                         "microbatches": prog.microbatches, "seed": seed,
+                                         "schedule_steps": steps, "strategy": prog.rules.name,
+                                         "mesh": dict(mesh.shape), "processes": jax.process_count()}, steps)
+        if checkpoint.resume:
+            state, start = ckpt.restore(abs_state)
+            if start >= steps:
+                ckpt.close()
+                raise WorkbenchError(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
+                                     "is already reached (nothing to train; the run that saved it is complete)")
+    return ckpt, state, start
+
+
+class _Loop:
+    """Training as it runs: the compiled step, the state it carries forward, the batch fetched ahead, what each
+    counted step saw (losses, metrics, checkpoints, progress)."""
+
+    def __init__(self, run, state, prog: TrainProgram, batches: Batches, ckpt: Checkpointer | None, start: int,
+                 bar: ProgressBar, val_batches: list):
+        self.run, self.state, self.prog, self.batches, self.ckpt, self.bar = run, state, prog, batches, ckpt, bar
+        self.val_batches = val_batches
+        self.losses: list = []
+        self.metrics_log: list = []
+        self.next_batch = batches.train_sharded(start, prog.batch_sharding)
+
+    def evaluate(self) -> float:
+        """Mean validation loss over the validation batches at the current state."""
+        vals = [self.prog.eval_step(self.state["params"], self.state["gmeta"], self.state["rest"], b)
+                for b in self.val_batches]
+        return float(np.mean([float(v) for v in vals]))
+
+    def step(self, i: int, count: bool = True):
+        """Run step i + 1 on the batch fetched ahead and return its loss. count=False: a step after training (traced
+        by --profile or --explain): the batch is not advanced and the step is in neither the losses nor the timings."""
+        self.state, metrics = self.run(self.state, self.next_batch)
+        if not count:
+            return metrics["loss"]
+        fault_point("in-step", i + 1)
+        self.next_batch = self.batches.train_sharded(i + 1, self.prog.batch_sharding)  # overlaps the device step
+        self.losses.append(metrics["loss"])
+        self.metrics_log.append(metrics)
+        if self.ckpt is not None:
+            self.ckpt.maybe_save(i + 1, self.state, self.losses)
+        fault_point("after-step", i + 1, wait=metrics["loss"])
+        self.bar.advance()
+        return metrics["loss"]
+
+    def uncounted_step(self, i: int):
+        return self.step(i, count=False)
+
+
+@dataclasses.dataclass
+class _Trained:
+    """What the training loop saw."""
+
+    start: int  # the step training started from (> 0 when resumed)
+    losses: list[float]
+    val_losses: list[tuple[int, float]]
+    last_metrics: dict[str, float]
+    measurement: Measurement | None
+    times: list[float]
+    timed_steps: list[int]  # the 1-based step of each entry of times
+    ckpt: Checkpointer | None
+    ckpt_stats: CheckpointStats | None
+
+
+def _run_steps(loop: _Loop, start: int, steps: int, eval_every: int, val_losses: list) -> tuple[list, list, int]:
+    """Steps start+1..steps in chunks ending at each evaluation; every chunk of >= 2 steps is timed but its first.
+    Returns (step times, their 1-based steps, untimed steps)."""
+    times: list[float] = []
+    timed_steps: list[int] = []
+    untimed = 0
+    done = start
+    with loop.bar:
+        while done < steps:
+            chunk = min(eval_every - done % eval_every, steps - done)
+            if chunk >= 2:
+                m = measure_steps(lambda j, base=done: loop.step(base + j), warmup=1, repeats=chunk - 1)
+                times.extend(m.times_s)
+                timed_steps.extend(range(done + 2, done + chunk + 1))
+                untimed += 1
+            else:
+                jax.block_until_ready(loop.step(done))
+                untimed += 1
+            done += chunk
+            if done % eval_every == 0 or done == steps:
+                val_losses.append((done, loop.evaluate()))
+    return times, timed_steps, untimed
+
+
+def _train(prog: TrainProgram, comp, abs_state, *, steps: int, seed: int, checkpoint: CheckpointSpec | None, mesh,
+           eval_every: int | None, eval_batches: int, progress: bool) -> tuple[_Loop, _Trained]:
+    """Restore (when resuming), train, evaluate at the chunk ends and close the checkpointer."""
+    ckpt, state, start = _open_checkpoint(checkpoint, prog, mesh, steps, seed, abs_state)
+    batches = Batches(prog.batch_size, prog.seq_len, seed)
+    val_batches = [batches.val_sharded(i, prog.batch_sharding) for i in range(eval_batches)]
+    loop = _Loop(comp.compiled, state, prog, batches, ckpt, start, ProgressBar(steps - start, progress, "training"),
+                 val_batches)  # comp.compiled cannot recompile: a changed input raises instead of retracing
+    eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
+    val_losses: list[tuple[int, float]] = [(start, loop.evaluate())]
+    times, timed_steps, untimed = _run_steps(loop, start, steps, eval_every, val_losses)
+    ckpt_stats = ckpt.close() if ckpt is not None else None  # waits for the last background write
+    measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
+    losses_f = [float(x) for x in loop.losses]
+    if not all(math.isfinite(x) for x in losses_f):
+        raise WorkbenchError(f"training diverged (loss {losses_f[-1]}); lower the learning rate")
+    last = {k: float(v) for k, v in loop.metrics_log[-1].items()} if loop.metrics_log else {}
+    return loop, _Trained(start, losses_f, val_losses, last, measurement, times, timed_steps, ckpt, ckpt_stats)
+
+
+@dataclasses.dataclass
+class _Priced:
+    """The run against its hardware: the ceiling MFU is taken against, the predictions, what tracing found."""
+
+    spec: Any
+    ceiling: float | None
+    ceiling_note: str
+    hosts: int
+    prediction: Prediction | None
+    prediction_calibrated: Prediction | None
+    kernel_profile: dict | None
+    explained: tuple | None
+    pipeline: dict | None
+
+
+def _kernel_profile(loop: _Loop, comp, profile_steps: int, ceiling: float | None, mesh,
+                    model_flops_step: float) -> dict:
+    """profile_kernels over more (uncounted) steps, with the floor under the step: its dots alone (simulated devices
+    share the host, so theirs add up)."""
+    kernel_profile = profile_kernels(loop.uncounted_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
+    floor = dot_floor(comp.hlo_text, ceiling_flops=ceiling)
+    floor["step_floor_s"] = floor["dot_s"] * (mesh.size if mesh.devices.flat[0].platform == "cpu" else 1)
+    floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
+                          if (ceiling and floor["step_floor_s"]) else None)
+    kernel_profile["dot_floor"] = floor
+    return kernel_profile
+
+
+def _pipeline_terms(prog: TrainProgram, mesh, spec, price_dtype: str, measured: bool) -> dict | None:
+    """pp strategies: the schedule, its analytic bubble and the bubble's predicted seconds; None otherwise."""
+    if prog.pipeline is None:
+        return None
+    shape = dict(mesh.shape)
+    pipeline = pp.bubble_terms(prog.pipeline, prog.cfg, prog.batch_size, prog.seq_len,
+                               prog_batch_ways(prog.rules, shape), prog_tensor_ways(prog.rules, shape),
+                               spec.peak(price_dtype) if spec else None)
+    if measured:
+        pipeline["note"] = ("step_s on simulated CPU devices is the work of all stages sharing the host, not one "
+                            "stage's critical path: the bubble is measured by benchmarks/pipeline_study.py "
+                            "(docs/pipeline.md)" if is_simulated() else "measured step on one device per stage")
+    return pipeline
+
+
+def _price(prog: TrainProgram, comp, loop: _Loop, measurement: Measurement | None, an: dict, *, mesh,
+           hardware: str | None, price_dtype: str, profile_steps: int, explain: bool) -> _Priced:
+    """The ceiling, the predictions (catalogue and device calibration), --profile's and --explain's traces (after
+    the timed steps: the traced steps are in neither the losses nor the timings) and the pipeline's terms."""
+    model_flops_step = an["train_flops_per_token"] * prog.tokens_per_step
+    spec, ceiling, ceiling_note = _ceiling(mesh.size, price_dtype, hardware)
+    hosts = count_hosts()  # a group over several hosts: each host's simulated devices share that host's ceiling
+    if hosts > 1 and ceiling and is_simulated():
+        ceiling, ceiling_note = ceiling * hosts, f"{ceiling_note}; x {hosts} hosts"
+    kernel_profile = None
+    if profile_steps > 0:
+        kernel_profile = _kernel_profile(loop, comp, profile_steps, ceiling, mesh, model_flops_step)
+    prediction = predict(comp.cost, spec, dtype=price_dtype) if spec is not None else None
+    cal_spec = with_device_calibration(spec) if spec is not None and hardware == "auto" else None
+    prediction_cal = predict(comp.cost, cal_spec, dtype=price_dtype) if cal_spec else None  # the device's own ceilings
+    explained = None
+    if explain and spec is not None and measurement is not None:
+        explained = explain_step(loop.uncounted_step, comp.hlo_text, comp.cost, spec, dtype=price_dtype, mesh=mesh,
+                                 step_s=measurement.median_s, model_flops=model_flops_step, ceiling_flops=ceiling,
+                                 model_flops_causal=an["train_flops_per_token_causal"] * prog.tokens_per_step)
+    pipeline = _pipeline_terms(prog, mesh, spec, price_dtype, measurement is not None)
+    return _Priced(spec, ceiling, ceiling_note, hosts, prediction, prediction_cal, kernel_profile, explained, pipeline)
+
+
 def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size: int = 8,
                 precision: str | None = None, seed: int = 0, eval_every: int | None = None, eval_batches: int = 4,
                 seq_len: int | None = None, microbatches: int = 1, learning_rate: float | None = None,
@@ -516,15 +718,10 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
     precision None: float32 on a CPU host, bf16 on accelerators (see default_precision). hardware: 'auto' (the
     calibrated host for simulated devices, the catalogue chip otherwise), a chip name, or None (no MFU/prediction).
     """
-
     steps = int(steps)
     if steps < 1:
         raise WorkbenchError(f"--steps must be >= 1, got {steps}")
-    precision_reason = "requested"
-    if precision is None:
-        precision = default_precision()
-        precision_reason = ("default on a CPU host: XLA:CPU has no faster bfloat16 matmul path (it computes bf16 in "
-                            "float32)" if precision == "float32" else "default on accelerators")
+    precision, precision_reason = _precision(precision)
     if cfg.vocab_size < 256:
         raise WorkbenchError(f"the byte-level corpus needs vocab_size >= 256, got {cfg.vocab_size}")
     prog = build_train_step(cfg, policy=precision, mesh=mesh, strategy=strategy, batch_size=batch_size,
@@ -532,151 +729,37 @@ def train_model(cfg: ModelConfig, *, strategy: str, mesh, steps: int, batch_size
                             total_steps=steps, pipeline_repeats=pipeline_repeats,
                             pipeline_schedule=pipeline_schedule)
     cfg = prog.cfg  # pipelined strategies stack the layers (scan_layers=true)
-    n_dev = mesh.size
-    batches = Batches(batch_size, prog.seq_len, seed)
-
-    abs_state = abstract_with(jax.eval_shape(lambda s: s, prog.state), prog.state_shardings)
-    abs_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in prog.batch.items()}
-    comp = compile_program(prog.step, abs_state, abs_batch, mesh=mesh, n_devices=n_dev, analytic=analytic,
-                           compute_dtype=np.dtype(prog.policy.compute_dtype).name)
-    run = comp.compiled  # a jax Compiled: cannot recompile (a changed input raises instead of retracing)
-    cost = comp.cost
-
-    state = prog.state
-    ckpt, start = None, 0
-    if checkpoint is not None:  # the data position is the step: batch i is a pure function of (seed, i)
-        ckpt = Checkpointer(checkpoint, {"model": cfg.to_dict(), "precision": prog.policy.name,
-                                         "batch_size": batch_size, "seq_len": prog.seq_len,
-                                         "microbatches": microbatches, "seed": seed, "schedule_steps": steps,
-                                         "strategy": prog.rules.name, "mesh": dict(mesh.shape),
-                                         "processes": jax.process_count()}, steps)
-        if checkpoint.resume:
-            state, start = ckpt.restore(abs_state)
-            if start >= steps:
-                ckpt.close()
-                raise WorkbenchError(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
-                                     "is already reached (nothing to train; the run that saved it is complete)")
-    val_batches = [batches.val_sharded(i, prog.batch_sharding) for i in range(eval_batches)]
-
-    def evaluate():
-        vals = [prog.eval_step(state["params"], state["gmeta"], state["rest"], b) for b in val_batches]
-        return float(np.mean([float(v) for v in vals]))
-
-    eval_every = eval_every or (steps if steps < 20 else steps // 4)  # chunks >= 2 steps so each one is timed
-    losses: list = []
-    metrics_log: list = []
-    val_losses: list[tuple[int, float]] = [(start, evaluate())]
-    next_batch = {"b": batches.train_sharded(start, prog.batch_sharding)}
-
-
-    bar = ProgressBar(steps - start, progress, "training")
-
-    def one_step(i):
-        nonlocal state
-        state, metrics = run(state, next_batch["b"])
-        fault_point("in-step", i + 1)
-        next_batch["b"] = batches.train_sharded(i + 1, prog.batch_sharding)  # overlaps the device step
-        losses.append(metrics["loss"])
-        metrics_log.append(metrics)
-        if ckpt is not None:
-            ckpt.maybe_save(i + 1, state, losses)
-        fault_point("after-step", i + 1, wait=metrics["loss"])
-        bar.advance()
-        return metrics["loss"]
-
-    times: list[float] = []
-    timed_steps: list[int] = []  # the 1-based step of each entry of times
-    untimed = 0
-    done = start
-    with bar:
-        while done < steps:
-            chunk = min(eval_every - done % eval_every, steps - done)
-            if chunk >= 2:
-                m = measure_steps(lambda j, base=done: one_step(base + j), warmup=1, repeats=chunk - 1)
-                times.extend(m.times_s)
-                timed_steps.extend(range(done + 2, done + chunk + 1))
-                untimed += 1
-            else:
-                jax.block_until_ready(one_step(done))
-                untimed += 1
-            done += chunk
-            if done % eval_every == 0 or done == steps:
-                val_losses.append((done, evaluate()))
-    ckpt_stats = ckpt.close() if ckpt is not None else None  # waits for the last background write
-    measurement = summarize(times, warmup=untimed, calls=1, compile_s=comp.compile_s) if times else None
-    losses_f = [float(x) for x in losses]
-    if not all(math.isfinite(x) for x in losses_f):
-        raise WorkbenchError(f"training diverged (loss {losses_f[-1]}); lower the learning rate")
-
+    comp, abs_state = _compile_step(prog, mesh, analytic)
+    loop, tr = _train(prog, comp, abs_state, steps=steps, seed=seed, checkpoint=checkpoint, mesh=mesh, eval_every=eval_every,
+                      eval_batches=eval_batches, progress=progress)
     an = analytics(cfg, prog.seq_len)
     tokens = prog.tokens_per_step
-    model_flops_step = an["train_flops_per_token"] * tokens
-    per_device_flops = cost.counted_flops
-
-    dtype = np.dtype(prog.policy.compute_dtype).name
     price_dtype = priced_dtype(prog.policy)  # the one rule predict uses too: fp8/MX policies at the fp8/fp4 peak
-    spec, ceiling, ceiling_note = _ceiling(n_dev, price_dtype, hardware)
-    hosts = count_hosts()  # a group over several hosts: each host's simulated devices share that host's ceiling
-    if hosts > 1 and ceiling and is_simulated():
-        ceiling, ceiling_note = ceiling * hosts, f"{ceiling_note}; x {hosts} hosts"
-    kernel_profile = None
-    if profile_steps > 0:  # after the timed steps and the losses: these steps are in neither
-
-        def traced_step(i):
-            nonlocal state
-            state, metrics = run(state, next_batch["b"])
-            return metrics["loss"]
-
-        kernel_profile = profile_kernels(traced_step, comp.hlo_text, steps=profile_steps, ceiling_flops=ceiling)
-        # the floor under the step: its dots alone (simulated devices share the host, so theirs add up)
-        floor = dot_floor(comp.hlo_text, ceiling_flops=ceiling)
-        floor["step_floor_s"] = floor["dot_s"] * (n_dev if mesh.devices.flat[0].platform == "cpu" else 1)
-        floor["mfu_bound"] = (model_flops_step / floor["step_floor_s"] / ceiling
-                              if (ceiling and floor["step_floor_s"]) else None)
-        kernel_profile["dot_floor"] = floor
-    prediction = predict(cost, spec, dtype=price_dtype) if spec is not None else None
-    cal_spec = with_device_calibration(spec) if spec is not None and hardware == "auto" else None
-    prediction_cal = predict(cost, cal_spec, dtype=price_dtype) if cal_spec else None  # the device's own ceilings
-    explained = None
-    if explain and spec is not None and measurement is not None:  # after the timed steps: traced ones are in neither
-
-        def explained_step(i):
-            nonlocal state
-            state, metrics = run(state, next_batch["b"])
-            return metrics["loss"]
-
-        explained = explain_step(explained_step, comp.hlo_text, cost, spec, dtype=price_dtype, mesh=mesh,
-                                 step_s=measurement.median_s, model_flops=model_flops_step, ceiling_flops=ceiling,
-                                 model_flops_causal=an["train_flops_per_token_causal"] * tokens)
-    pipeline = None
-    if prog.pipeline is not None:
-        shape = dict(mesh.shape)
-        pipeline = pp.bubble_terms(prog.pipeline, cfg, batch_size, prog.seq_len, prog_batch_ways(prog.rules, shape),
-                                   prog_tensor_ways(prog.rules, shape), spec.peak(price_dtype) if spec else None)
-        if measurement is not None:
-            pipeline["note"] = ("step_s on simulated CPU devices is the work of all stages sharing the host, not one "
-                                "stage's critical path: the bubble is measured by benchmarks/pipeline_study.py "
-                                "(docs/pipeline.md)" if is_simulated() else "measured step on one device per stage")
-    last = {k: float(v) for k, v in metrics_log[-1].items()} if metrics_log else {}
-    base = unigram_baseline(batches.corpus)
+    pr = _price(prog, comp, loop, tr.measurement, an, mesh=mesh, hardware=hardware, price_dtype=price_dtype,
+                profile_steps=profile_steps, explain=explain)
+    spec, ckpt, explained = pr.spec, tr.ckpt, pr.explained
     return TrainResult(
         config=cfg, strategy=prog.rules.name, mesh=dict(mesh.shape), precision=prog.policy.name,
-        precision_reason=precision_reason, compute_dtype=dtype, priced_dtype=price_dtype, batch_size=batch_size,
-        seq_len=prog.seq_len, microbatches=microbatches, steps=steps, seed=seed, tokens_per_step=tokens,
-        losses=tuple(losses_f), val_losses=tuple(val_losses), unigram_baseline_val=base["val_cross_entropy_nats"],
-        final_metrics=last, measurement=measurement, mfu_ceiling_flops=ceiling, mfu_note=ceiling_note,
-        model_flops_per_step=model_flops_step, per_device_flops=per_device_flops, compile_s=comp.compile_s,
-        lower_s=comp.lower_s, params_total=an["params_total"], cost=cost, prediction=prediction,
-        hardware=spec.name if spec else None, kernel_profile=kernel_profile,
+        precision_reason=precision_reason, compute_dtype=np.dtype(prog.policy.compute_dtype).name,
+        priced_dtype=price_dtype, batch_size=batch_size, seq_len=prog.seq_len, microbatches=microbatches, steps=steps,
+        seed=seed, tokens_per_step=tokens, losses=tuple(tr.losses), val_losses=tuple(tr.val_losses),
+        unigram_baseline_val=unigram_baseline(loop.batches.corpus)["val_cross_entropy_nats"],
+        final_metrics=tr.last_metrics, measurement=tr.measurement, mfu_ceiling_flops=pr.ceiling,
+        mfu_note=pr.ceiling_note, model_flops_per_step=an["train_flops_per_token"] * tokens,
+        per_device_flops=comp.cost.counted_flops, compile_s=comp.compile_s, lower_s=comp.lower_s,
+        params_total=an["params_total"], cost=comp.cost, prediction=pr.prediction,
+        hardware=spec.name if spec else None, kernel_profile=pr.kernel_profile,
         model_flops_causal_per_step=an["train_flops_per_token_causal"] * tokens,
         waterfall=explained[0].to_record() if explained else None,
         kernel_classes=explained[1].to_record(top=15) if explained else None,
         physical_ceiling_flops=spec.physical_peak(price_dtype) if spec is not None else None,
-        first_step=start + 1, resumed_from_step=start if ckpt is not None and checkpoint.resume else None,
-        loss_history=tuple((ckpt.history if ckpt is not None else []) + losses_f), processes=jax.process_count(),
-        hosts=hosts,
-        checkpoint=(dataclasses.replace(ckpt_stats, **step_overhead(times, timed_steps, ckpt_stats.saved_steps))
-                    if ckpt_stats is not None else None), pipeline=pipeline, prediction_calibrated=prediction_cal)
+        first_step=tr.start + 1, resumed_from_step=tr.start if ckpt is not None and checkpoint.resume else None,
+        loss_history=tuple((ckpt.history if ckpt is not None else []) + tr.losses), processes=jax.process_count(),
+        hosts=pr.hosts,
+        checkpoint=(dataclasses.replace(tr.ckpt_stats, **step_overhead(tr.times, tr.timed_steps,
+                                                                        tr.ckpt_stats.saved_steps))
+                    if tr.ckpt_stats is not None else None), pipeline=pr.pipeline,
+        prediction_calibrated=pr.prediction_calibrated)
 
 
 def prog_batch_ways(rules, shape: dict) -> int:
