@@ -18,10 +18,16 @@ ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
 REMATS = ("none", "per-layer", "dots", "minimal", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
-# self-attention: 'dot' (the model's own einsums, the S x S scores written), 'xla' / 'cudnn' (jax.nn.dot_product_attention
-# with that implementation; cuDNN's fused flash attention on NVIDIA GPUs), 'auto' (cudnn where the program is
-# compiled for GPUs in bf16/fp16 and cuDNN takes the head size, else dot: resolve_attention)
-ATTENTIONS = ("auto", "dot", "xla", "cudnn")
+# self-attention (models/fused_attention.py): 'dot' (the model's own einsums, the S x S scores written), 'blocked'
+# (flash-style attention in JAX: online softmax over key blocks, any backend), 'splash' (JAX's Pallas TPU splash
+# kernels), 'flash' (JAX's Pallas GPU flash kernels), 'xla' / 'cudnn' (jax.nn.dot_product_attention with that
+# implementation), 'auto' (resolved per platform when a program is built: resolve_attention)
+ATTENTIONS = ("auto", "dot", "blocked", "splash", "flash", "xla", "cudnn")
+# attention=auto on CPU hosts and simulated meshes: 'blocked' from this many positions, 'dot' below. From 2048 the
+# scores of one head and sequence are >= 16 MiB in float32 (and their softmax as much again), more than the rest of a
+# layer's activations per token for every preset (n·t scores against ~16·d values, t/h >= 16); below it the dot
+# form's causal row blocks already keep them small and its few large matmuls need no loop
+BLOCKED_MIN_SEQ = 2048
 GMM_IMPLS = ("auto", "ragged_dot", "gmm", "blocked")  # dropless grouped matmul (models/kernels/grouped.py)
 # moe_gmm=auto per platform, measured with `workbench moe gmm` (docs/moe.md): the form whose compiled flops are
 # closest to the useful work
@@ -202,19 +208,38 @@ def parse_overrides(overrides: dict | str | None) -> dict:
     return out
 
 
-def resolve_attention(cfg: "ModelConfig", platform: str, compute_dtype) -> "ModelConfig":
-    """`cfg` with attention='auto' made concrete for a program compiled for `platform` ('cpu' | 'gpu' | 'tpu', or
-    JAX's 'cuda'/'rocm') in `compute_dtype`: cuDNN's fused attention on NVIDIA GPUs when the operands are bf16 or fp16
-    and the head size is a multiple of 8 up to 128 (what its flash kernels take), the model's own dot attention
-    otherwise. An explicit choice is kept; 'cudnn' elsewhere than a GPU is a one-line error."""
+def resolve_attention(cfg: "ModelConfig", platform: str, compute_dtype, seq: int | None = None) -> "ModelConfig":
+    """`cfg` with attention='auto' made concrete for a program over `seq` positions (default cfg.seq_len) compiled
+    for `platform` ('cpu' | 'gpu' | 'tpu', or JAX's 'cuda'/'rocm') in `compute_dtype`:
+
+    - TPU: 'splash' (Pallas splash kernels) when seq is a multiple of 128 (the kernels' lanes);
+    - NVIDIA GPU in bf16/fp16 with a head size that is a multiple of 8 up to 128: 'cudnn' (cuDNN's flash kernels);
+    - otherwise (CPU hosts, simulated meshes, the cases above that do not qualify): 'blocked' from BLOCKED_MIN_SEQ
+      positions (when they split into blocks), 'dot' below.
+
+    An explicit choice is kept; one that cannot compile for the platform is a one-line error ('cudnn' and 'flash'
+    need a GPU program, cudnn in bf16/fp16; 'splash' a TPU program)."""
     import numpy as np
 
+    from models.fused_attention import SPLASH_LANES, blocked_block
+
+    seq = cfg.seq_len if seq is None else int(seq)
     narrow = np.dtype(compute_dtype).name in ("bfloat16", "float16")
-    gpu = platform in ("gpu", "cuda")
+    gpu, tpu = platform in ("gpu", "cuda"), platform == "tpu"
     if cfg.attention == "cudnn" and not (gpu and narrow):
         raise WorkbenchError("attention=cudnn needs a program for NVIDIA GPUs in bf16 or fp16 (cuDNN's fused attention); "
-                             f"this one is for {platform} in {np.dtype(compute_dtype).name}: use attention=dot or xla")
+                             f"this one is for {platform} in {np.dtype(compute_dtype).name}: use attention=blocked or dot")
+    if cfg.attention == "flash" and not gpu:
+        raise WorkbenchError(f"attention=flash (Pallas GPU kernels) needs a program for NVIDIA GPUs; this one is for "
+                             f"{platform}: use attention=blocked or dot")
+    if cfg.attention == "splash" and not tpu:
+        raise WorkbenchError(f"attention=splash (Pallas TPU kernels) needs a program for TPUs; this one is for "
+                             f"{platform}: use attention=blocked or dot")
     if cfg.attention != "auto":
         return cfg
-    fits = cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
-    return cfg.replace(attention="cudnn" if gpu and narrow and fits else "dot")
+    if tpu and seq % SPLASH_LANES == 0:
+        return cfg.replace(attention="splash")
+    if gpu and narrow and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128:
+        return cfg.replace(attention="cudnn")
+    blocked = seq >= BLOCKED_MIN_SEQ and blocked_block(seq) < seq
+    return cfg.replace(attention="blocked" if blocked else "dot")

@@ -15,6 +15,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
+from models.fused_attention import FUSED, fused_attention
 from models.moe import MoEBlock
 from models.params import normal, ones, param, zeros
 from models.precision import Einsum
@@ -148,9 +149,8 @@ class Attention(nnx.Module):
     def __call__(self, x_btd, positions_bt):
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
         t = x_btd.shape[1]
-        if self.cfg.attention in ("xla", "cudnn"):  # one fused kernel (cuDNN's flash attention): no S x S in memory
-            o_btnh = jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, is_causal=True,
-                                                  implementation=self.cfg.attention)
+        if self.cfg.attention in FUSED:  # no S x S in memory (models/fused_attention.py)
+            o_btnh = fused_attention(self.cfg.attention, q_btnh, k_btkh, v_btkh)
             return self.out(o_btnh.astype(q_btnh.dtype))
         causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
         o_btnh = self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None], causal_blocks=self.causal_blocks(t))
