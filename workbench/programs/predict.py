@@ -357,7 +357,7 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     grid = topo.device_grid(devices, tuple(axes.values()))
     mesh = make_mesh(axes, devices=list(grid.flat))
     if spec.mode == "train":  # attention 'auto' made concrete for the devices compiled for (the record says which)
-        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype, seq)
+        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype)
     t0 = time.perf_counter()
     step, args, state = _build_program(cfg, spec, mesh, batch, seq)
     state_b = _shard_bytes(state)
@@ -433,22 +433,13 @@ def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
         f"forward_flops_per_token(context {seq}) {a['forward_flops_per_token']:.4g} × {batch} new tokens")
 
 
-def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
-                    error: str | None = None) -> TargetPrediction:
-    """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
-
+def _base_fields(lw: Lowered, hw, tokens: int, mflops: float, floor_s: float, compute_dtype: str,
+                 compile_s: float | None) -> dict[str, Any]:
+    """The fields every prediction has, compiled or not: the target, the spec, the shapes, the floor."""
     target, spec = lw.target, lw.spec
-    hw = target_spec(target)  # per device (the chip's share on v7x)
-    n = target.n_devices
-    tokens = lw.batch * (lw.seq if spec.mode != "decode" else 1)
-    mflops, mflops_how = model_flops(lw.cfg, spec.mode, lw.batch, lw.seq)
-    peak_bf16 = hw.peak("bfloat16")
-    floor_s = mflops / (n * peak_bf16)  # = mflops / (chips × chip peak)
-    notes = list(lw.notes)
-    compute_dtype = _policy_dtype(spec.policy)
-    out: dict[str, Any] = {
+    return {
         "target": target.name, "target_kind": target.kind, "chip": chip_spec(target).name, "n_chips": target.n_chips,
-        "n_devices": n, "devices_per_chip": target.devices_per_chip, "device_spec": hw.name,
+        "n_devices": target.n_devices, "devices_per_chip": target.devices_per_chip, "device_spec": hw.name,
         "target_description": target.describe(),
         "preset": spec.preset, "strategy": spec.strategy, "shard_activations": spec.shard_activations,
         "mode": spec.mode, "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
@@ -462,31 +453,47 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         "model_flops_per_step": mflops, "analytic_floor_s": floor_s,
         "build_and_lower_s": lw.lower_s, "compile_s": compile_s,
     }
-    if lw.cfg.is_moe:  # the analytic MoE buffers, beside (or instead of, when it does not compile) memory_analysis
-        out["moe_memory"] = moe_memory_of(lw)
-    if lw.lowered is None:  # the pre-check decided
-        out.update(fits=False, memory_per_device_bytes=lw.state_bytes_per_device,
-                   memory_source="parameters + optimizer state summed from shard shapes (a lower bound)",
-                   overshoot_bytes=(
-            lw.state_bytes_per_device - hw.hbm_bytes), compiled=False, flops_per_device=None, collectives={},
-            predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
-            reason=(f"parameters and optimizer state alone need {_gib(lw.state_bytes_per_device)} per device "
-                    f"(summed from their shard shapes) > {_gib(hw.hbm_bytes)} HBM of {hw.name}; not compiled "
-                    "(--compile-anyway to ask the compiler)"))
-        out["notes"] = notes
-        return TargetPrediction(out)
-    if error is not None:
-        over = _overshoot_from_words(error)
-        out.update(fits=False, compiled=False, memory_per_device_bytes=over[0] if over else None,
-                   memory_source="the compiler's out-of-memory message" if over else None,
-                   overshoot_bytes=(over[0] - over[1]) if over else None, flops_per_device=None, collectives={},
-                   predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
-                   reason=f"the {target.kind.upper()} compiler ran out of memory: {error}")
-        out["notes"] = notes
-        return TargetPrediction(out)
 
+
+def _precheck_refusal(lw: Lowered, hw) -> dict[str, Any]:
+    """The fields of a program the pre-check did not compile: its state alone exceeds HBM."""
+    return dict(fits=False, memory_per_device_bytes=lw.state_bytes_per_device,
+                memory_source="parameters + optimizer state summed from shard shapes (a lower bound)",
+                overshoot_bytes=(
+        lw.state_bytes_per_device - hw.hbm_bytes), compiled=False, flops_per_device=None, collectives={},
+        predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
+        reason=(f"parameters and optimizer state alone need {_gib(lw.state_bytes_per_device)} per device "
+                f"(summed from their shard shapes) > {_gib(hw.hbm_bytes)} HBM of {hw.name}; not compiled "
+                "(--compile-anyway to ask the compiler)"))
+
+
+def _oom_refusal(error: str, target: topo.Target) -> dict[str, Any]:
+    """The fields of a program the compiler refused for want of memory, with its overshoot when it says so."""
+    over = _overshoot_from_words(error)
+    return dict(fits=False, compiled=False, memory_per_device_bytes=over[0] if over else None,
+                memory_source="the compiler's out-of-memory message" if over else None,
+                overshoot_bytes=(over[0] - over[1]) if over else None, flops_per_device=None, collectives={},
+                predicted_step_s=None, predicted_mfu=None, xla_estimate_s=None, tokens_per_s=None, bound=None,
+                reason=f"the {target.kind.upper()} compiler ran out of memory: {error}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Priced:
+    """A compiled program priced on its target: its costs, the torus axes its heaviest collective spans, the dtype
+    and spec it is priced at, the roofline prediction."""
+
+    cost: CostReport
+    torus_axes: int
+    price: str
+    price_hw: Any
+    pred: roofline.Prediction
+
+
+def _price_compiled(lw: Lowered, compiled, hw, compute_dtype: str, notes: list[str]) -> _Priced:
+    """Read the compiled program's costs and price them on the target (float32 on a TPU at its MXU pass count)."""
+    target, spec = lw.target, lw.spec
     # XLA:GPU gives no cost_analysis: the report holds the HLO reader's sums and says so (cost_analysis_unavailable)
-    cost = costs_from_compiled(compiled, n_devices=n, mesh=lw.mesh, compute_dtype=compute_dtype)
+    cost = costs_from_compiled(compiled, n_devices=target.n_devices, mesh=lw.mesh, compute_dtype=compute_dtype)
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
     price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
     price_hw = hw
@@ -495,7 +502,12 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         if f32_note:
             notes.append(f32_note)
     pred = roofline.predict(cost, price_hw, dtype=price, simulated_mesh=False, torus_axes=k)
-    mem = cost.peak_memory_bytes
+    return _Priced(cost, k, price, price_hw, pred)
+
+
+def _fits(lw: Lowered, mem: float, hw, notes: list[str]) -> bool:
+    """Whether the compiled program fits the target's HBM, and the notes on how the compiler judged it."""
+    target, n = lw.target, lw.target.n_devices
     if target.kind == "tpu":
         # the TPU compiler assigns every buffer in HBM and refuses programs that overflow it: compiling is fitting
         fits = True
@@ -511,20 +523,15 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
     elif lw.compiler == "xla-gpu":
         notes.append(f"{target.name}: compiled by XLA:GPU for a compile-only {n}-GPU topology (JAX CUDA plugin, no GPU "
                      "attached); memory is its buffer assignment, judged against the catalogue HBM")
-    flop_counts = reconcile_flops(cost, mflops, n, lw.cfg, spec.mode, lw.seq, used=pred.flops)
-    notes.extend(flop_counts.notes)
-    if pred.compute_s < 0.95 * floor_s:
-        notes.append(f"the compute term {pred.compute_s:.3g}s is below the analytic floor {floor_s:.3g}s: the priced "
-                     f"count ({pred.flops:.3g} FLOP, {flop_counts.used_source}) is under the model's "
-                     f"{flop_counts.analytic:.3g} per device")
-    xla_s, xla_note = xla_estimate(compiled)
-    if xla_note:
-        notes.append(xla_note)
-    step = max(pred.predicted_s, floor_s)
-    if pred.predicted_s < floor_s:
-        notes.append(f"the roofline's {pred.predicted_s:.3g}s is below the analytic floor {floor_s:.3g}s (the "
-                     "compiler counted fewer FLOPs than the model convention): the floor is the prediction")
-    out.update(
+    return fits
+
+
+def _compiled_fields(lw: Lowered, p: _Priced, hw, *, fits: bool, flop_counts, step: float, floor_s: float,
+                     tokens: int, mflops: float, xla_s: float | None) -> dict[str, Any]:
+    """The fields of a compiled program: memory, costs, the roofline's terms, the prediction and its bound."""
+    cost, pred, n = p.cost, p.pred, lw.target.n_devices
+    mem = cost.peak_memory_bytes
+    return dict(
         fits=bool(fits), compiled=True,
         memory_per_device_bytes=mem, memory_source="memory_analysis of the compiled program",
         memory_breakdown={"argument_bytes": cost.argument_bytes, "output_bytes": cost.output_bytes,
@@ -542,33 +549,40 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         predicted_step_s=step, predicted_mfu=floor_s / step if step > 0 else None,
         tokens_per_s=tokens / step if step > 0 else None,
         xla_estimate_s=xla_s, bound=pred.bound, bottleneck=explain_bottleneck(pred, step, floor_s),
-        torus_axes=k if target.kind == "tpu" else None,
+        torus_axes=p.torus_axes if lw.target.kind == "tpu" else None,
         replication=(pred.flops * n / mflops) if mflops else None,
         reason=None if fits else (f"needs {_gib(mem)} per device > {_gib(hw.hbm_bytes)} HBM of {hw.name}"),
     )
+
+
+def _pipeline_fields(lw: Lowered, p: _Priced, step: float, floor_s: float) -> dict | None:
+    """pp strategies: the schedule's bubble terms and how the compiled program holds the bubble; None otherwise."""
+    spec = lw.spec
     strat = get_strategy(spec.strategy)
-    if strat.pipelined:
-        shape = dict(lw.axes)
-        bt = pipeline.bubble_terms(pipeline_spec(spec, shape), lw.cfg, lw.batch, lw.seq, strat.batch_ways(shape),
-                                   math.prod(shape.get(a, 1) for a in strat.rules.mesh_axes_for("mlp")),
-                                   price_hw.peak(price))
-        bt["predicted_step_without_bubble_s"] = max(step - bt.get("bubble_s", 0.0), floor_s)
-        if bt["schedule"] == "1f1b":
-            bt["explain"] = ("1f1b skips idle slots (lax.cond), but the HLO counter counts a conditional's branch "
-                             "every time it could run: the compiled per-device flops are those of m + 2p - 2 ticks "
-                             "of F + B (with the backward's recompute of the stage forward), an upper bound on the "
-                             "critical path (m + p - 1)(F + B); bubble_s = (p - 1) x one tick's layer FLOPs at "
-                             "peak (analytic)")
-        else:
-            bt["explain"] = ("every stage computes every tick of the SPMD program, so the compiled per-device "
-                             "program (its roofline) is the critical path through the stages and already holds the "
-                             "(p - 1) bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
-        out["pipeline"] = bt
-    if out.get("moe_memory"):
-        out["moe_memory"] = {**out["moe_memory"], "compiled_temp_bytes": cost.temp_bytes,
-                             "share_of_compiled_temp": out["moe_memory"]["peak_bytes"] / cost.temp_bytes
-                             if cost.temp_bytes else None}
-    out["explain"] = {
+    if not strat.pipelined:
+        return None
+    shape = dict(lw.axes)
+    bt = pipeline.bubble_terms(pipeline_spec(spec, shape), lw.cfg, lw.batch, lw.seq, strat.batch_ways(shape),
+                               math.prod(shape.get(a, 1) for a in strat.rules.mesh_axes_for("mlp")),
+                               p.price_hw.peak(p.price))
+    bt["predicted_step_without_bubble_s"] = max(step - bt.get("bubble_s", 0.0), floor_s)
+    if bt["schedule"] == "1f1b":
+        bt["explain"] = ("1f1b skips idle slots (lax.cond), but the HLO counter counts a conditional's branch "
+                         "every time it could run: the compiled per-device flops are those of m + 2p - 2 ticks "
+                         "of F + B (with the backward's recompute of the stage forward), an upper bound on the "
+                         "critical path (m + p - 1)(F + B); bubble_s = (p - 1) x one tick's layer FLOPs at "
+                         "peak (analytic)")
+    else:
+        bt["explain"] = ("every stage computes every tick of the SPMD program, so the compiled per-device "
+                         "program (its roofline) is the critical path through the stages and already holds the "
+                         "(p - 1) bubble ticks; bubble_s = (p - 1) x one tick's layer FLOPs at peak (analytic)")
+    return bt
+
+
+def _explain_fields(lw: Lowered, p: _Priced, hw, flop_counts, mflops: float, mflops_how: str) -> dict[str, str]:
+    """How each term of the prediction was computed, in words with the figures used."""
+    cost, pred, n, k = p.cost, p.pred, lw.target.n_devices, p.torus_axes
+    return {
         "memory_per_device_bytes": "memory_analysis: arguments + outputs + temporaries − aliased (donated) bytes",
         "compute_s": f"flops per device {pred.flops:.4g} ({flop_counts.used_source}; see flop_counts) / "
                      f"{hw.name} peak {pred.peak_dtype} {pred.peak_flops:.4g} "
@@ -577,13 +591,59 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
         "memory_s": f"bytes per device {cost.bytes_accessed:.4g} / HBM {hw.hbm_bw:.4g} B/s{_src(hw, 'hbm_bw')}",
         "comm_s": f"Σ collective_time over {sum(c.count for c in cost.collectives)} collectives on "
                   f"{hw.interconnect.kind} (link {hw.interconnect.link_bw:.3g} B/s × {hw.interconnect.links}"
-                  f"{', torus axes ' + str(k) if target.kind == 'tpu' else ''}); partitioning/collectives.py",
+                  f"{', torus axes ' + str(k) if lw.target.kind == 'tpu' else ''}); partitioning/collectives.py",
         "roofline_s": "workbench.roofline.prediction.predict: max(kernel-by-kernel roofline, comm_s), perfect overlap",
-        "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} devices × {peak_bf16:.4g} bf16 FLOP/s)",
+        "analytic_floor_s": f"{mflops_how} = {mflops:.4g} FLOP / ({n} devices × {hw.peak('bfloat16'):.4g} bf16 FLOP/s)",
         "predicted_step_s": "max(roofline_s, analytic_floor_s)",
         "predicted_mfu": "analytic_floor_s / predicted_step_s",
         "xla_estimate_s": "the compiler's cost_analysis optimal_seconds (TPU), when positive",
     }
+
+
+def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
+                    error: str | None = None) -> TargetPrediction:
+    """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
+    target, spec = lw.target, lw.spec
+    hw = target_spec(target)  # per device (the chip's share on v7x)
+    n = target.n_devices
+    tokens = lw.batch * (lw.seq if spec.mode != "decode" else 1)
+    mflops, mflops_how = model_flops(lw.cfg, spec.mode, lw.batch, lw.seq)
+    floor_s = mflops / (n * hw.peak("bfloat16"))  # = mflops / (chips × chip peak)
+    notes = list(lw.notes)
+    compute_dtype = _policy_dtype(spec.policy)
+    out = _base_fields(lw, hw, tokens, mflops, floor_s, compute_dtype, compile_s)
+    if lw.cfg.is_moe:  # the analytic MoE buffers, beside (or instead of, when it does not compile) memory_analysis
+        out["moe_memory"] = moe_memory_of(lw)
+    if lw.lowered is None or error is not None:  # the pre-check decided, or the compiler ran out of memory
+        out.update(_precheck_refusal(lw, hw) if lw.lowered is None else _oom_refusal(error, target))
+        out["notes"] = notes
+        return TargetPrediction(out)
+    p = _price_compiled(lw, compiled, hw, compute_dtype, notes)
+    cost, pred = p.cost, p.pred
+    fits = _fits(lw, cost.peak_memory_bytes, hw, notes)
+    flop_counts = reconcile_flops(cost, mflops, n, lw.cfg, spec.mode, lw.seq, used=pred.flops)
+    notes.extend(flop_counts.notes)
+    if pred.compute_s < 0.95 * floor_s:
+        notes.append(f"the compute term {pred.compute_s:.3g}s is below the analytic floor {floor_s:.3g}s: the priced "
+                     f"count ({pred.flops:.3g} FLOP, {flop_counts.used_source}) is under the model's "
+                     f"{flop_counts.analytic:.3g} per device")
+    xla_s, xla_note = xla_estimate(compiled)
+    if xla_note:
+        notes.append(xla_note)
+    step = max(pred.predicted_s, floor_s)
+    if pred.predicted_s < floor_s:
+        notes.append(f"the roofline's {pred.predicted_s:.3g}s is below the analytic floor {floor_s:.3g}s (the "
+                     "compiler counted fewer FLOPs than the model convention): the floor is the prediction")
+    out.update(_compiled_fields(lw, p, hw, fits=fits, flop_counts=flop_counts, step=step, floor_s=floor_s,
+                                tokens=tokens, mflops=mflops, xla_s=xla_s))
+    bt = _pipeline_fields(lw, p, step, floor_s)
+    if bt is not None:
+        out["pipeline"] = bt
+    if out.get("moe_memory"):
+        out["moe_memory"] = {**out["moe_memory"], "compiled_temp_bytes": cost.temp_bytes,
+                             "share_of_compiled_temp": out["moe_memory"]["peak_bytes"] / cost.temp_bytes
+                             if cost.temp_bytes else None}
+    out["explain"] = _explain_fields(lw, p, hw, flop_counts, mflops, mflops_how)
     out["notes"] = notes + list(pred.notes)
     return TargetPrediction(out, cost, pred)
 
