@@ -9,6 +9,8 @@ import dataclasses
 import math
 from typing import Any
 
+from models.remat import REMATS, parse_remat  # noqa: F401  (REMATS: the policies by name, re-exported)
+from models.remat import TENSORS as REMAT_TENSORS
 from workbench.errors import WorkbenchError
 
 MLPS = ("gelu", "swiglu")
@@ -16,7 +18,6 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
-REMATS = ("none", "per-layer", "dots", "minimal", "offload")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
 # self-attention (models/fused_attention.py): 'dot' (the model's own einsums, the S x S scores written), 'blocked'
 # (flash-style attention in JAX: online softmax over key blocks, any backend), 'splash' (JAX's Pallas TPU splash
@@ -77,11 +78,10 @@ class ModelConfig:
     moe_gmm: str = "auto"  # dropless grouped matmul: auto (per backend) | ragged_dot | gmm | blocked
     n_shared_experts: int = 0  # always-on experts every token passes through (DeepSeekMoE), each of d_ff
     # memory
-    remat: str = "none"  # 'none' | 'per-layer' (recompute each block's activations in the backward pass) | 'dots'
-    #                      (save only matmul outputs, recompute norms, softmax and activations in the backward pass)
-    #                      | 'minimal' (MaxText's: save only the weight matmuls' outputs; the attention matmuls are
-    #                      recomputed too) | 'offload' (layer inputs and q/k/v projections offloaded to host memory, the rest
-    #                      recomputed: models/transformer.py OFFLOADED_NAMES)
+    remat: str = "none"  # a policy of models/remat.py: 'none' | 'per-layer' (= MaxText's 'full': each layer keeps
+    #                      its input, the rest is recomputed in the backward pass) | 'dots' (every matmul output saved)
+    #                      | MaxText's names ('minimal', 'save_dot_except_mlpwi', 'save_qkv_proj', ...,
+    #                      'minimal_offloaded') | 'offload' | a per-tensor list 'decoder_layer_input=offload,...'
     # compile: one block scanned over stacked layer parameters (nnx.scan) instead of n_layers unrolled blocks.
     # Compiles in time independent of depth, and the backward pass materialises the residual gradient once per
     # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).
@@ -109,9 +109,10 @@ class ModelConfig:
             raise WorkbenchError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
                                  "(grouped-query attention shares each kv head among n_heads/n_kv_heads heads)")
         for name, allowed in (("mlp", MLPS), ("norm", NORMS), ("pos", POSITIONS), ("router", ROUTERS),
-                              ("router_score", ROUTER_SCORES), ("remat", REMATS)):
+                              ("router_score", ROUTER_SCORES)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        parse_remat(self.remat)  # an unknown policy or tensor: one line
         if self.attention not in ATTENTIONS:
             raise WorkbenchError(f"model config attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.moe_gmm not in GMM_IMPLS:
@@ -203,6 +204,9 @@ def parse_overrides(overrides: dict | str | None) -> dict:
             raise WorkbenchError(f"override {item!r} is not of the form key=value (e.g. --set n_layers=4,d_model=128)")
         k, v = item.split("=", 1)
         k = k.strip()
+        if k in REMAT_TENSORS and k not in FIELDS and isinstance(out.get("remat"), str) and "=" in out["remat"]:
+            out["remat"] += f",{k}={v.strip()}"  # remat=decoder_layer_input=offload,query_proj=offload: one policy
+            continue
         _check_keys({k: None})
         out[k] = _parse_value(k, v)
     return out

@@ -19,7 +19,8 @@ from models.fused_attention import FUSED, fused_attention
 from models.moe import MoEBlock
 from models.params import normal, ones, param, zeros
 from models.precision import Einsum
-from partitioning.shard import constrain, is_sharded
+from models.remat import saves
+from partitioning.shard import constrain, is_context_parallel, is_sharded
 
 
 class Norm(nnx.Module):
@@ -90,8 +91,22 @@ class Attention(nnx.Module):
         q_btnh = constrain(q_btnh, ("batch", "seq", "heads", "head_dim"), "query")
         k_btkh = constrain(k_btkh, ("batch", "seq", "kv_heads", "head_dim"), "key")
         v_btkh = constrain(v_btkh, ("batch", "seq", "kv_heads", "head_dim"), "value")
-        # names for remat policies (models/transformer.py OFFLOADED_NAMES)
-        return checkpoint_name(q_btnh, "query"), checkpoint_name(k_btkh, "key"), checkpoint_name(v_btkh, "value")
+        # MaxText's names for remat policies (models/remat.py)
+        q_btnh = checkpoint_name(q_btnh, "query_proj")
+        k_btkh, v_btkh = checkpoint_name(k_btkh, "key_proj"), checkpoint_name(v_btkh, "value_proj")
+        return (q_btnh, *self.gather_context(k_btkh, v_btkh))
+
+    def gather_context(self, k_bskh, v_bskh):
+        """Context parallelism (strategies cp, fsdp+cp, fsdp+tp+cp: partitioning/rules.py): the sequence stays split
+        over the `context` mesh axis for the queries and everything outside attention, and the keys and values are
+        all-gathered along it, so each device attends its block of queries to every key (the causal mask is the
+        global one: XLA partitions it with the scores). The backward pass reduce-scatters their gradients. The
+        projections are tagged for remat before the gather, so a policy that keeps them keeps the local block."""
+        if not is_context_parallel(k_bskh.shape[1]):
+            return k_bskh, v_bskh
+        axes = ("batch", None, "kv_heads", "head_dim")
+        return (constrain(k_bskh, axes, "keys gathered over context"),
+                constrain(v_bskh, axes, "values gathered over context"))
 
     def attend(self, q_btnh, k_bskh, v_bskh, mask_bts, causal_blocks: int = 1):
         """Softmax(q k^T / sqrt(h)) v over the key positions allowed by mask_bts (True = attend).
@@ -143,8 +158,10 @@ class Attention(nnx.Module):
     def out(self, o_btnh):
         # float32 out (the residual stream's dtype), the bias added to the accumulator: its gradient then sums b*t
         # terms in float32
-        return self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...], bias=self.b_d[...] if self.cfg.bias else None,
-                          out_dtype=jnp.float32)
+        o_btnh = checkpoint_name(o_btnh, "context")  # the attention output, MaxText's name
+        y_btd = self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...], bias=self.b_d[...] if self.cfg.bias else None,
+                           out_dtype=jnp.float32)
+        return remat_tag(y_btd, "out_proj", self.cfg.remat, self.o_dot)
 
     def __call__(self, x_btd, positions_bt):
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
@@ -161,6 +178,16 @@ def _gelu(u):
     return jax.nn.gelu(u, approximate=True)
 
 
+def remat_tag(y, name: str, remat: str, dot):
+    """`y` tagged `name` for remat policies (models/remat.py). When the policy keeps that tensor and `y` is wider than
+    the dot's compute dtype (a float32 output for the residual stream), it is kept in the compute dtype, as MaxText
+    keeps it, and the layer goes on with that rounded value; float32 policies are unchanged."""
+    cd = getattr(dot, "compute_dtype", None)
+    if cd is None or not saves(remat, name) or jnp.dtype(cd).itemsize >= jnp.dtype(y.dtype).itemsize:
+        return checkpoint_name(y, name)
+    return checkpoint_name(y.astype(cd), name).astype(y.dtype)
+
+
 class MLP(nnx.Module):
     """GELU (tanh approximation, GPT-2) or SwiGLU (Shazeer 2020, LLaMA) feed-forward block.
 
@@ -170,7 +197,7 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, policy, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
-        self.kind, self.bias = cfg.mlp, cfg.bias
+        self.kind, self.bias, self.remat = cfg.mlp, cfg.bias, cfg.remat
         std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.n_layers)
         self.w_df = param(rngs, normal(std), (d, f), ("embed", "mlp"))  # up (GELU) / up (SwiGLU)
         if cfg.mlp == "swiglu":
@@ -187,18 +214,26 @@ class MLP(nnx.Module):
     def __call__(self, x_btd):
         # the bias and the activation in float32 on the dot's accumulator, one rounding to the compute dtype
         # (models/precision.py finish_dot)
+        # (models/precision.py finish_dot). A remat policy that keeps the input projections (mlpwi: GELU's; mlpwi_0 /
+        # mlpwi_1: SwiGLU's gate and up) keeps them before the activation in the compute dtype, as MaxText does: the
+        # activation then runs in float32 on that rounded value.
         b_f = self.b_f[...] if self.bias else None
-        if self.kind == "gelu":
+        if self.kind == "gelu" and saves(self.remat, "mlpwi"):
+            u_btf = checkpoint_name(self.up_dot("btd,df->btf", x_btd, self.w_df[...], bias=b_f), "mlpwi")
+            a_btf = _gelu(u_btf.astype(jnp.float32)).astype(self.up_dot.out_dtype)
+        elif self.kind == "gelu":
             a_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...], bias=b_f, epilogue=_gelu)
         else:
             u_btf = self.up_dot("btd,df->btf", x_btd, self.w_df[...], bias=b_f, out_dtype=jnp.float32)
             g_btf = self.gate_dot("btd,df->btf", x_btd, self.w_df_gate[...], out_dtype=jnp.float32)
+            g_btf = remat_tag(g_btf, "mlpwi_0", self.remat, self.gate_dot)
+            u_btf = remat_tag(u_btf, "mlpwi_1", self.remat, self.up_dot)
             a_btf = (jax.nn.silu(g_btf) * u_btf).astype(self.up_dot.out_dtype)
         a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
         # float32 out (the residual stream's dtype), the bias on the accumulator: its gradient sums b*t float32 terms
         y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...], bias=self.b_d[...] if self.bias else None,
                               out_dtype=jnp.float32)
-        return y_btd, {}
+        return remat_tag(y_btd, "mlpwo", self.remat, self.down_dot), {}
 
 
 def make_mlp(cfg: ModelConfig, policy, rngs: nnx.Rngs):

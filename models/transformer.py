@@ -8,6 +8,8 @@ to the training loss) and the MoE block's metrics averaged over layers.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -17,7 +19,8 @@ from models.config import ModelConfig
 from models.layers import Block, Norm
 from models.params import normal, param
 from models.precision import get_policy
-from partitioning.shard import constrain
+from models.remat import parse_remat
+from partitioning.shard import constrain, is_context_parallel
 
 
 def combine_aux(auxes: list[dict]) -> dict:
@@ -62,9 +65,16 @@ class Transformer(nnx.Module):
         self.head_dot = policy.einsum_module(rngs=rngs)
 
     def embed(self, tokens_bt, positions_bt):
-        x_btd = jnp.take(self.w_vd[...], tokens_bt, axis=0)  # float32 residual stream
-        if self.cfg.pos == "learned":
-            x_btd = x_btd + jnp.take(self.w_sd[...], positions_bt, axis=0)
+        w_vd = self.w_vd[...]
+        w_sd = self.w_sd[...] if self.cfg.pos == "learned" else None
+        if is_context_parallel(tokens_bt.shape[1]):  # the tables gathered whole along embed first (as fsdp gathers a
+            # parameter before use), so the looked-up rows come out split like the tokens: XLA cannot move a lookup
+            # split along embed over (data, context) to (batch over data, seq over context) and would replicate it
+            w_vd = constrain(w_vd, ("vocab", None), "embedding table")
+            w_sd = None if w_sd is None else constrain(w_sd, (None, None), "position table")
+        x_btd = jnp.take(w_vd, tokens_bt, axis=0)  # float32 residual stream
+        if w_sd is not None:
+            x_btd = x_btd + jnp.take(w_sd, positions_bt, axis=0)
         return constrain(x_btd, ("batch", "seq", "embed"), "embedding output")
 
     def head(self, x_btd):
@@ -77,10 +87,8 @@ class Transformer(nnx.Module):
 
     def block_call(self):
         """(block, x_btd, positions_bt) -> (x_btd, aux): one layer under the config's remat policy (the function the
-        layer loop and the pipeline, models/pipeline.py, both apply)."""
-        return {"per-layer": _remat_block, "dots": _remat_dots_block, "minimal": _remat_minimal_block,
-                "offload": _remat_offload_block
-                }.get(self.cfg.remat, _block)
+        layer loop and the pipeline, models/pipeline.py, both apply; policies: models/remat.py)."""
+        return remat_block(self.cfg.remat)
 
     def __call__(self, tokens_bt, positions_bt=None):
         b, t = tokens_bt.shape
@@ -106,24 +114,20 @@ class Transformer(nnx.Module):
 
 
 def _block(block, x_btd, positions_bt):
-    return block(checkpoint_name(x_btd, "layer_input"), positions_bt)
+    return block(checkpoint_name(x_btd, "decoder_layer_input"), positions_bt)
 
 
-_remat_block = nnx.remat(_block)
-# Saves the matmul outputs and recomputes the elementwise work (norms, softmax, GELU, masks) in the backward pass: on
-# XLA:CPU writing every elementwise residual into the scan's stacked buffers and reading it back cost more than
-# recomputing it (small: 0.75 -> 0.68 s/step, docs/models.md).
-_remat_dots_block = nnx.remat(_block, policy=jax.checkpoint_policies.dots_saveable)
-# MaxText's remat_policy 'minimal' (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims): saves the outputs of
-# the matmuls against weights (no batch dimensions) and recomputes the attention matmuls, whose [batch, heads] batch
-# dimensions mark them, and everything elementwise: the S x S scores are never saved.
-_remat_minimal_block = nnx.remat(_block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-# Host offloading (MaxText's remat_policy 'offload'-style): the layer input and the attention projections are copied
-# to pinned host memory in the forward pass and back for the backward pass; everything else is recomputed.
-OFFLOADED_NAMES = ("layer_input", "query", "key", "value")
-_remat_offload_block = nnx.remat(_block, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
-    names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES), offload_src="device",
-    offload_dst="pinned_host"))
+@functools.lru_cache(maxsize=64)
+def remat_block(remat: str):
+    """`_block` under the remat policy `remat` (models/remat.py): itself for 'none'; nnx.remat with no policy for
+    'full' / 'per-layer' (each layer keeps its input and recomputes the rest); otherwise the jax.checkpoint policy
+    that keeps the named tensors (save_only_these_names / save_and_offload_only_these_names) or, for 'dots', every
+    matmul output (on XLA:CPU writing every elementwise residual into the scan's stacked buffers and reading it back
+    cost more than recomputing it: small 0.75 -> 0.68 s/step, docs/models.md)."""
+    policy = parse_remat(remat)
+    if policy.kind == "none":
+        return _block
+    return nnx.remat(_block, policy=policy.jax_policy())
 
 
 def count_params(model: nnx.Module) -> int:

@@ -1,6 +1,6 @@
 """Device meshes from a spec string like 'data=2,model=4'.
 
-Mesh axis names are fixed (one sharding vocabulary): data, model, expert, seq, stage. Axes are AxisType.Auto: the models
+Mesh axis names are fixed (one sharding vocabulary): data, model, expert, seq, context, stage. Axes are AxisType.Auto: the models
 annotate parameters and key activations and rely on XLA's sharding propagation for the rest.
 """
 from __future__ import annotations
@@ -11,9 +11,10 @@ from typing import Sequence
 from workbench import compat
 from workbench.errors import WorkbenchError
 
-MESH_AXES = ("data", "model", "expert", "seq", "stage")
+MESH_AXES = ("data", "model", "expert", "seq", "context", "stage")
 STAGE_AXIS = "stage"  # the axis pipeline parallelism splits the stacked layers over (models/pipeline.py)
 TENSOR_AXIS = "model"  # the axis tensor parallelism splits heads, mlp and vocab over (partitioning/rules.py)
+CONTEXT_AXIS = "context"  # the axis context parallelism splits the sequence over (strategies cp, fsdp+cp, fsdp+tp+cp)
 
 
 def parse_mesh_spec(spec: str | dict) -> dict[str, int]:

@@ -6,7 +6,7 @@ blocks (MaxText's `activation_embed`); no table maps it: `get_rules(name, shard_
 tensor axis (`model`) as MaxText's rules do, so the residual stream and what remat saves of it are split over the
 tensor-parallel group (reduce-scatter after the attention and MLP outputs, all-gather before the next projections,
 in place of Megatron's all-reduce).
-Mesh axes (partitioning/mesh.py): data, model, expert, seq, stage.
+Mesh axes (partitioning/mesh.py): data, model, expert, seq, context, stage.
 
 A rule maps a logical axis to a tuple of mesh axes. Applying a table to one array (partitioning/shard.py):
 dimension by dimension, each logical axis takes its mesh axes that exist in the mesh and are not already used by an
@@ -20,7 +20,12 @@ Strategies:
            reduce-scatter gradients).
   tp       dp over data + Megatron tensor parallelism over model: heads, kv_heads, mlp (column/row) and vocab.
   fsdp+tp  fsdp over data + tp over model.
-  sp       tp + sequence (context) parallelism: activations' seq over the seq mesh axis.
+  sp       tp + sequence parallelism: activations' seq over the seq mesh axis (XLA chooses how attention gathers).
+  cp       context parallelism: dp over data, the sequence of every activation over the context mesh axis; inside
+           attention the keys and values are all-gathered over context (models/layers.py gather_context), the
+           queries stay split. Parameters replicated.
+  fsdp+cp  cp + parameters sharded along embed over data and context (MaxText shards them over its context axis too).
+  fsdp+tp+cp  fsdp+cp + tp over model.
   ep       tp + experts over the expert mesh axis; batch over (data, expert).
   pp       pipeline parallelism: the stacked layers over the stage mesh axis (models/pipeline.py runs them as a
            schedule of microbatches); batch over data.
@@ -92,6 +97,9 @@ STRATEGIES: dict[str, tuple] = {
     "tp": _t(("batch", "data"), *_TP),
     "fsdp+tp": _t(("batch", "data"), ("embed", "data"), *_TP),
     "sp": _t(("batch", "data"), ("seq", "seq"), *_TP),
+    "cp": _t(("batch", "data"), ("seq", "context")),
+    "fsdp+cp": _t(("batch", "data"), ("seq", "context"), ("embed", ("data", "context"))),
+    "fsdp+tp+cp": _t(("batch", "data"), ("seq", "context"), ("embed", ("data", "context")), *_TP),
     "ep": _t(("batch", ("data", "expert")), ("experts", "expert"), *_TP),
     "pp": _t(("batch", "data"), ("layers", "stage")),
     "pp+fsdp": _t(("batch", "data"), ("embed", "data"), ("layers", "stage")),
@@ -105,7 +113,8 @@ def strategies() -> list[str]:
 
 
 def get_rules(strategy: str | Rules, shard_activations: bool = False) -> Rules:
-    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp).
+    """The rule table of a strategy (dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, fsdp+tp+cp, ep, pp, pp+fsdp, pp+tp,
+    pp+fsdp+tp).
 
     shard_activations: also split the residual stream's embed dimension (act_embed) over the tensor axis, MaxText's
     activation_embed rule; only for the strategies with tensor parallelism."""
@@ -120,7 +129,7 @@ def get_rules(strategy: str | Rules, shard_activations: bool = False) -> Rules:
     tensor = rules.mesh_axes_for("heads")
     if not tensor:
         raise WorkbenchError(f"--shard-activations splits the residual stream over the tensor axis; {rules.name} has "
-                             "none: use tp, fsdp+tp, sp, ep or a pp+tp strategy")
+                             "none: use tp, fsdp+tp, sp, fsdp+tp+cp, ep or a pp+tp strategy")
     return Rules(f"{rules.name}+act_embed", rules.table + (("act_embed", tensor),))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.mesh import CONTEXT_AXIS
 from partitioning.rules import Rules, get_rules
 from workbench.errors import WorkbenchError
 
@@ -150,3 +151,14 @@ def is_sharded(axis: str, size: int) -> bool:
         return False
     names = names if isinstance(names, tuple) else (names,)
     return any(mesh.shape[a] > 1 for a in names)
+
+
+def is_context_parallel(seq: int) -> bool:
+    """Whether the active rules split a sequence of this length over the `context` mesh axis (cp strategies): the
+    attention then gathers keys and values over it (models/layers.py Attention.gather_context)."""
+    ctx = current()
+    if ctx is None:
+        return False
+    mesh, rules = ctx
+    return (CONTEXT_AXIS in rules.mesh_axes_for("seq") and dict(mesh.shape).get(CONTEXT_AXIS, 1) > 1
+            and is_sharded("seq", seq))

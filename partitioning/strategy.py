@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from partitioning.mesh import STAGE_AXIS, TENSOR_AXIS
+from partitioning.mesh import CONTEXT_AXIS, STAGE_AXIS, TENSOR_AXIS
 from partitioning.rules import STRATEGIES, Rules, get_rules
 from workbench.errors import WorkbenchError
 
@@ -31,6 +31,9 @@ class Strategy:
     extra_axis: the mesh axis the strategy needs besides data (model for tp/fsdp+tp, seq for sp, expert for ep;
     None for dp/fsdp). The default size on n chips: the largest divisor of n that is <= 8 and divides the attention
     heads, kv heads and d_ff (model); <= 4 (seq); gcd(n, n_experts) (expert).
+    The context-parallel strategies (cp, fsdp+cp, fsdp+tp+cp) add the `context` axis to those of the strategy without
+    it (dp, fsdp, fsdp+tp): by default the largest divisor of n <= 4; a planner tries 2..MAX_CONTEXT that divide the
+    sequence.
     """
 
     name: str
@@ -59,6 +62,24 @@ class Strategy:
         return [d for d in divisors(math.gcd(n, cfg.n_layers)) if 2 <= d <= 8] if self.pipelined else []
 
     @property
+    def context_parallel(self) -> bool:
+        """Whether the strategy splits the sequence over the `context` mesh axis (cp, fsdp+cp, fsdp+tp+cp)."""
+        return CONTEXT_AXIS in self.rules.mesh_axes_for("seq")
+
+    @property
+    def without_context(self) -> "Strategy":
+        """cp -> dp, fsdp+cp -> fsdp, fsdp+tp+cp -> fsdp+tp (the rest of the mesh); itself for the others."""
+        if not self.context_parallel:
+            return self
+        return get_strategy(self.name.removesuffix("cp").removesuffix("+") or "dp")
+
+    def context_sizes(self, n: int, seq: int | None = None) -> list[int]:
+        """Context-axis sizes a planner may try on n chips: divisors of n from 2 to MAX_CONTEXT dividing the sequence."""
+        if not self.context_parallel:
+            return []
+        return [d for d in divisors(n) if 2 <= d <= MAX_CONTEXT and (seq is None or seq % d == 0)]
+
+    @property
     def needs_moe(self) -> bool:
         return self.extra_axis == "expert"
 
@@ -80,6 +101,9 @@ class Strategy:
     def default_mesh(self, n: int, cfg) -> dict[str, int]:
         """The mesh this strategy gets on n chips when none is given (see the class docstring)."""
         self._check_model(cfg)
+        if self.context_parallel:  # the largest context size <= 4 that divides n, the strategy without it on the rest
+            context = max(d for d in divisors(n) if d <= 4)
+            return {**self.without_context.default_mesh(n // context, cfg), CONTEXT_AXIS: context}
         if self.pipelined:  # the largest stage count <= 4 that divides n and n_layers, the base strategy on the rest
             stage = max([d for d in divisors(math.gcd(n, cfg.n_layers)) if d <= 4])
             return {STAGE_AXIS: stage, **self.base.default_mesh(n // stage, cfg)}
@@ -101,6 +125,9 @@ class Strategy:
         if self.pipelined:
             return [{STAGE_AXIS: st, **axes} for st in self.stage_sizes(n, cfg)
                     for axes in self.base.mesh_candidates(n // st, cfg, seq)]
+        if self.context_parallel:
+            return [{**axes, CONTEXT_AXIS: c} for c in self.context_sizes(n, seq)
+                    for axes in self.without_context.mesh_candidates(n // c, cfg, seq)]
         if self.extra_axis is None:
             return [{"data": n}]
         return [{"data": n // e, self.extra_axis: e} for e in self.extra_sizes(n, cfg, seq)]
@@ -110,14 +137,16 @@ class Strategy:
         return math.prod(axes.get(a, 1) for a in self.rules.mesh_axes_for("batch"))
 
 
+MAX_CONTEXT = 8  # the largest context axis a planner tries
 _EXTRA = {"dp": None, "fsdp": None, "tp": TENSOR_AXIS, "fsdp+tp": TENSOR_AXIS, "sp": "seq", "ep": "expert",
+          "cp": None, "fsdp+cp": None, "fsdp+tp+cp": TENSOR_AXIS,
           "pp": None, "pp+fsdp": None, "pp+tp": TENSOR_AXIS, "pp+fsdp+tp": TENSOR_AXIS}
 assert set(_EXTRA) == set(STRATEGIES), "every strategy in partitioning.rules needs its extra mesh axis here"
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
-    """The Strategy for a name (dp, fsdp, tp, fsdp+tp, sp, ep, pp, pp+fsdp, pp+tp, pp+fsdp+tp); an unknown name is a
-    one-line error."""
+    """The Strategy for a name (dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, fsdp+tp+cp, ep, pp, pp+fsdp, pp+tp,
+    pp+fsdp+tp); an unknown name is a one-line error."""
     if isinstance(name, Strategy):
         return name
     rules = get_rules(name)
