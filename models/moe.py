@@ -539,25 +539,26 @@ def choose_a2a(mode: str, opt: MoEOptions, platform: str) -> str:
     return mode
 
 
-def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
-               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None,
-               check_vma: bool | None = None):
-    """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
+@dataclasses.dataclass(frozen=True)
+class _EPLayout:
+    """How ep_forward lays one MoE layer over the mesh: expert-parallel degree and axis, token and tensor axes, the
+    per-device token count, the capacity per expert, the exchange mode and the grouped-matmul kernel."""
 
-    Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
-    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`.
+    ep: int
+    ex: str | None  # the expert axis when it splits the experts (ep > 1), else None
+    expert_axis: str
+    token_axes: tuple
+    tensor: str | None
+    T_loc: int
+    D: int
+    E: int
+    C: int
+    mode: str
+    impl: str
 
-    `weight_specs` (name -> PartitionSpec, from the strategy's rules: `weight_specs_for`): the parameters enter the
-    shard_map as the strategy stores them, and each device all-gathers, in the compute dtype, the dimensions sharded
-    over axes other than the expert and tensor axes (fsdp's `embed` over `data`); the gather's transpose is a
-    reduce-scatter, so the gradients leave sharded like the parameters (ZeRO-3), not as full per-device copies.
-    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary.
 
-    `check_vma` (jax.shard_map's varying-manual-axes check): None = on, except around the megablox kernel, whose
-    pallas_call declares its output without manual axes (JAX refuses it under the check)."""
-    mesh = mesh if mesh is not None else current_mesh()
-    if mesh is None:
-        raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
+def _ep_layout(mesh, x_td, opt: MoEOptions, expert_axis: str, tensor_axis: str | None, a2a: str) -> _EPLayout:
+    """The layout of ep_forward (see its docstring); one-line errors for what does not divide."""
     # no expert axis: ep = 1, every device holds all experts and routes its own tokens (no all-to-all)
     has_ep_axis = expert_axis in mesh.axis_names and mesh.shape[expert_axis] > 1
     ep = mesh.shape[expert_axis] if has_ep_axis else 1
@@ -580,7 +581,87 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         mode = "ragged"  # no exchange at all: sort + ragged_dot on the device's own rows
     # one routing group per device; dropless (None) gives C = T_loc: nothing can be dropped, padding pays for it
     C = expert_capacity(T_loc, E, opt.top_k, opt.capacity_factor)
-    tok_spec = P(token_axes, None)
+    return _EPLayout(ep, ex, expert_axis, token_axes, tensor, T_loc, D, E, C, mode, choose_impl(opt.gmm, platform))
+
+
+def _gather_param(k, v, gathers: dict, compute_dtype, whole: bool = True):
+    """FSDP: a parameter (whole, or one expert's slice) gathered over the non-expert, non-tensor axes it is
+    sharded on, in the dtype its consumer reads (router: float32; experts: the compute dtype)."""
+    v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
+    for dim, axes in gathers[k]:
+        v = jax.lax.all_gather(v, axes, axis=dim if whole else dim - 1, tiled=True)
+    return v
+
+
+def _padded_exchange(p, x_loc, logits, bias, lay: _EPLayout, opt: MoEOptions, dot, gather_one):
+    """The capacity path on one device: route into (E, C) slots, all-to-all to the experts' devices, the experts,
+    all-to-all back, combine. Returns (y_td float32, this device's routing sums)."""
+    E, C, ep, expert_axis, tensor = lay.E, lay.C, lay.ep, lay.expert_axis, lay.tensor
+    route, sums = route_group(logits, opt, C, bias)
+    if opt.router == "expert-choice":
+        x_ecd = x_loc[route["token_ec"]]
+    else:
+        x_ecd = dispatch(x_loc, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
+    # (E, C, D) -> (E_loc, ep·C, D): rows for expert e go to the device holding e
+    x_recv = x_ecd if ep == 1 else jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
+    if opt.skip_experts:
+        y_recv = x_recv
+    else:
+        pl = {k: v for k, v in p.items() if k != "b_out_ed"}
+        y_recv = _experts_padded(pl, x_recv, opt, dot, lambda k, v, whole=False: gather_one(k, v, whole))
+        if tensor is not None:
+            y_recv = jax.lax.psum(y_recv, tensor)
+        if "b_out_ed" in p:
+            y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
+    y_ecd = y_recv if ep == 1 else jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
+    if opt.router == "expert-choice":
+        y = jnp.zeros((lay.T_loc, lay.D), jnp.float32).at[route["token_ec"].reshape(-1)].add(
+            (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, lay.D))
+    else:
+        y = combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"])
+    return y, sums
+
+
+def _ep_local(p, x_loc, bias, jit_loc, *, lay: _EPLayout, opt: MoEOptions, dot, compute_dtype, gathers: dict):
+    """One device's share of ep_forward inside the shard_map: its tokens routed, exchanged and combined."""
+    gather_one = lambda k, v, whole=True: _gather_param(k, v, gathers, compute_dtype, whole)
+    lazy = {k: v for k, v in p.items() if k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef")}
+    p = {k: (v if k in lazy else gather_one(k, v)) for k, v in p.items()}
+    p_full = lambda: {**p, **{k: gather_one(k, v) for k, v in lazy.items()}}
+    logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
+    x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
+    if lay.mode != "padded":
+        route, sums = route_group(logits, opt, None, bias)
+        y = _ragged_exchange(p_full(), x_loc, route, opt, lay.ep, lay.expert_axis, lay.tensor, lay.mode,
+                             compute_dtype, lay.impl)
+        return y, jax.tree.map(lambda a: jax.lax.psum(a, lay.token_axes), sums)
+    y, sums = _padded_exchange(p, x_loc, logits, bias, lay, opt, dot, gather_one)
+    sums = jax.tree.map(lambda a: jax.lax.psum(a, lay.token_axes), sums)
+    return y, sums
+
+
+def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=None, expert_axis: str = EXPERT_AXIS,
+               bias_e=None, tensor_axis: str | None = "auto", a2a: str = "auto", jitter_td=None, weight_specs=None,
+               check_vma: bool | None = None):
+    """Expert-parallel MoE: see the module docstring. Returns (y_td float32, global sums).
+
+    Tokens are split over every mesh axis but `tensor_axis` ("auto": the tensor-parallel axis `model` when present with size > 1;
+    None: no tensor parallelism inside the experts). `a2a`: see `choose_a2a`.
+
+    `weight_specs` (name -> PartitionSpec, from the strategy's rules: `weight_specs_for`): the parameters enter the
+    shard_map as the strategy stores them, and each device all-gathers, in the compute dtype, the dimensions sharded
+    over axes other than the expert and tensor axes (fsdp's `embed` over `data`); the gather's transpose is a
+    reduce-scatter, so the gradients leave sharded like the parameters (ZeRO-3), not as full per-device copies.
+    None: experts over the expert axis, d_ff over the tensor axis, the rest replicated at the boundary.
+
+    `check_vma` (jax.shard_map's varying-manual-axes check): None = on, except around the megablox kernel, whose
+    pallas_call declares its output without manual axes (JAX refuses it under the check)."""
+    mesh = mesh if mesh is not None else current_mesh()
+    if mesh is None:
+        raise WorkbenchError("the sharded MoE path needs a mesh in context (use --strategy ep or pass mesh=)")
+    lay = _ep_layout(mesh, x_td, opt, expert_axis, tensor_axis, a2a)
+    ex, tensor = lay.ex, lay.tensor
+    tok_spec = P(lay.token_axes, None)
     w_specs = {
         "w_router_de": P(None, None),
         "w_in_edf": P(ex, None, tensor), "w_gate_edf": P(ex, None, tensor),
@@ -591,55 +672,15 @@ def ep_forward(params: dict, x_td, opt: MoEOptions, dot, compute_dtype, mesh=Non
         w_specs = {**w_specs, **weight_specs}
     p_specs = {k: w_specs[k] for k in params}
     gathers = {k: _gather_dims(p_specs[k], (ex, tensor)) for k in params}
-    impl = choose_impl(opt.gmm, platform)
-
-    def gather_one(k, v, whole=True):
-        """FSDP: a parameter (whole, or one expert's slice) gathered over the non-expert, non-tensor axes it is
-        sharded on, in the dtype its consumer reads (router: float32; experts: the compute dtype)."""
-        v = v.astype(jnp.float32 if k == "w_router_de" else compute_dtype)
-        for dim, axes in gathers[k]:
-            v = jax.lax.all_gather(v, axes, axis=dim if whole else dim - 1, tiled=True)
-        return v
 
     def local(p, x_loc, bias, jit_loc):
-        lazy = {k: v for k, v in p.items() if k in ("w_in_edf", "w_gate_edf", "w_out_efd", "b_in_ef")}
-        p = {k: (v if k in lazy else gather_one(k, v)) for k, v in p.items()}
-        p_full = lambda: {**p, **{k: gather_one(k, v) for k, v in lazy.items()}}
-        logits = router_logits(x_loc if jit_loc is None else x_loc * jit_loc, p["w_router_de"])
-        x_loc = x_loc.astype(compute_dtype)  # what crosses the all-to-all: the compute dtype, not the residual's
-        if mode != "padded":
-            route, sums = route_group(logits, opt, None, bias)
-            y = _ragged_exchange(p_full(), x_loc, route, opt, ep, expert_axis, tensor, mode, compute_dtype, impl)
-            return y, jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
-        route, sums = route_group(logits, opt, C, bias)
-        if opt.router == "expert-choice":
-            x_ecd = x_loc[route["token_ec"]]
-        else:
-            x_ecd = dispatch(x_loc, route["expert_tk"], route["position_tk"], route["keep_tk"], E, C)
-        # (E, C, D) -> (E_loc, ep·C, D): rows for expert e go to the device holding e
-        x_recv = x_ecd if ep == 1 else jax.lax.all_to_all(x_ecd, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-        if opt.skip_experts:
-            y_recv = x_recv
-        else:
-            pl = {k: v for k, v in p.items() if k != "b_out_ed"}
-            y_recv = _experts_padded(pl, x_recv, opt, dot, lambda k, v, whole=False: gather_one(k, v, whole))
-            if tensor is not None:
-                y_recv = jax.lax.psum(y_recv, tensor)
-            if "b_out_ed" in p:
-                y_recv = y_recv + p["b_out_ed"][:, None, :].astype(y_recv.dtype)
-        y_ecd = y_recv if ep == 1 else jax.lax.all_to_all(y_recv, expert_axis, split_axis=1, concat_axis=0, tiled=True)
-        if opt.router == "expert-choice":
-            y = jnp.zeros((T_loc, D), jnp.float32).at[route["token_ec"].reshape(-1)].add(
-                (route["gate_ec"][..., None] * y_ecd.astype(jnp.float32)).reshape(E * C, D))
-        else:
-            y = combine(y_ecd, route["expert_tk"], route["position_tk"], route["keep_tk"], route["weight_tk"])
-        sums = jax.tree.map(lambda a: jax.lax.psum(a, token_axes), sums)
-        return y, sums
+        return _ep_local(p, x_loc, bias, jit_loc, lay=lay, opt=opt, dot=dot, compute_dtype=compute_dtype,
+                         gathers=gathers)
 
-    bias = jnp.zeros((E,), jnp.float32) if bias_e is None else bias_e
+    bias = jnp.zeros((lay.E,), jnp.float32) if bias_e is None else bias_e
     sums_spec = {k: P() for k in STAT_KEYS}
     if check_vma is None:
-        check_vma = not (impl == "gmm" and mode != "padded")
+        check_vma = not (lay.impl == "gmm" and lay.mode != "padded")
     if jitter_td is None:
         fn = compat.shard_map(lambda p, x, b: local(p, x, b, None), mesh=mesh, in_specs=(p_specs, tok_spec, P()),
                               out_specs=(tok_spec, sums_spec), check_vma=check_vma)
