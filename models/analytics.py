@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from models.config import ModelConfig, resolve_gmm
+from models.remat import parse_remat
 from workbench.errors import WorkbenchError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -128,7 +129,8 @@ def train_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int | None = 
                        compute_dtype: str = "float32") -> float:
     """Whole-model training memory estimate (bytes, unpartitioned): states + activations for one batch."""
     a = analytics(cfg, seq_len)
-    key = "per_layer_remat" if cfg.remat == "per-layer" else "no_remat"  # 'dots' saves less: bounded by no_remat
+    # per-layer / full: each layer keeps its input; policies keeping tensors by name keep less than no remat: bounded
+    key = "per_layer_remat" if parse_remat(cfg.remat).kind == "full" else "no_remat"
     return a["train_memory_params_bytes"] + batch_size * a["seq_len"] * a["activation_bytes_per_token"][compute_dtype][key]
 
 

@@ -53,6 +53,10 @@ NAMED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "qkv_proj_offloaded": ((), ("query_proj", "value_proj", "key_proj", "kv_proj")),
     "minimal_offloaded": ((), _MINIMAL),
     "offload": ((), ("decoder_layer_input", "query_proj", "key_proj", "value_proj")),  # the workbench's own
+    # torchtitan's selective op-level activation checkpointing (activation_checkpoint.py: every op in its save list
+    # keeps its output but every second matmul of a block, counted from 1): of a LLaMA block's matmuls q k v o w1 w3
+    # w2 it keeps q, v, w1 (the SwiGLU gate: mlpwi_0) and w2 (mlpwo), and the fused attention's output (context)
+    "torchtitan_selective_op": (("query_proj", "value_proj", "context", "mlpwi_0", "mlpwo"), ()),
 }
 # every name --remat takes (besides a custom NAME=MODE list)
 REMATS = ("none", "full", "per-layer", "dots", *NAMED)

@@ -115,7 +115,7 @@ def _tiny_runs_table(path):
         base = next(csv.DictReader(f))
     rows = [dict(base, name=f"tiny-{i}", target="tpu-v5e:2x2", n_chips="4", n_layers="2", d_model="64", n_heads="4",
                  n_kv_heads="4", head_dim="16", d_ff="256", vocab_size="256", global_batch="8", per_device_batch="2",
-                 seq="64", parallelism=par, mesh=mesh, remat_here="none")
+                 seq="64", parallelism=par, mesh=mesh, remat="none")
             for i, (par, mesh) in enumerate((("fsdp", "data=4"), ("fsdp+tp", "data=2,model=2")))]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(base))

@@ -12,7 +12,8 @@
                meet real input (libtpu routes batch and head dimensions through windows, padding and lhs dilation)
 
 `expected` = analytic × the recompute the remat policy implies (per-layer: the layers' forward runs again, but for
-the MLP down projection; offload: also not the q/k/v projections; dots: only non-matmul work is recomputed, ≈ 1) —
+the MLP down projection; a named policy: also not the projections it keeps; dots: only non-matmul work is
+recomputed, ≈ 1) —
 the factor the record can explain. `used` is the count
 the prediction prices: the HLO kernel sum when the optimized HLO was read (it is per kernel, loop-aware, and what the
 kernel-level roofline sums), the compiler's count otherwise. Each count's ratio to `expected` is in the record; a
@@ -23,15 +24,18 @@ from __future__ import annotations
 import dataclasses
 
 from models.analytics import analytics
+from models.remat import parse_remat
 
 # Rematerialization recomputes each layer's forward in the backward pass (Chowdhery et al. 2022, PaLM, appendix B:
-# the forward is 2 of the 6 FLOPs per parameter per token), except what the backward does not need: the layer's last
-# matmul (the MLP down projection feeds only the next layer's input, which is the saved checkpoint) and, with
-# offload, the q/k/v projections (their outputs come back from host memory). Measured on libtpu's HLO of an unrolled
-# 6-layer program: the recomputed dots match this count exactly (docs/accuracy-tpu.md).
-# With minimal (MaxText's policy: only the weight matmuls' outputs are saved) the backward recomputes the attention
-# matmuls (QK^T and PV, which have batch dimensions) and nothing else of the dots.
-REMATS_RECOMPUTING = ("per-layer", "offload", "minimal")
+# the forward is 2 of the 6 FLOPs per parameter per token), except what the backward does not need and what the
+# policy keeps (models/remat.py): the layer's last matmul (the MLP down projection feeds only the next layer's input,
+# which is the saved checkpoint) is never recomputed; a kept (saved or offloaded) q/k/v, out or MLP input projection
+# is not either. The attention matmuls are recomputed under every policy that keeps tensors by name (the backward
+# needs the softmax, which no policy keeps), but for the value mix when the attention output (`context`) is kept.
+# Measured on libtpu's HLO of an unrolled 6-layer program: the recomputed dots match this count exactly
+# (docs/accuracy-tpu.md). `dots` keeps every matmul output: ≈ 1.
+
+
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
     analytic: float        # per device, the model convention
@@ -66,16 +70,22 @@ def layer_forward_flops(cfg, seq: int) -> dict[str, float]:
 
 def remat_factor(cfg, mode: str, seq: int) -> float:
     """Step flops / model flops the remat policy implies: 1 + recomputed forward flops / train flops."""
-    if mode != "train" or cfg.remat not in REMATS_RECOMPUTING:
+    policy = parse_remat(cfg.remat)
+    if mode != "train" or policy.kind in ("none", "dots"):
         return 1.0
     a = analytics(cfg, seq)
     part = layer_forward_flops(cfg, seq)
-    if cfg.remat == "minimal":
-        recompute = cfg.n_layers * part["attention"]
-    else:
-        skip = {"mlp_down"} | ({"qkv"} if cfg.remat == "offload" else set())
-        recompute = cfg.n_layers * sum(v for p, v in part.items() if p not in skip)
-    return 1.0 + recompute / a["train_flops_per_token"]
+    kept = policy.kept
+    n, k = cfg.n_heads, cfg.n_kv_heads
+    qkv_unkept = (n * ("query_proj" not in kept) + k * ("key_proj" not in kept) + k * ("value_proj" not in kept)) \
+        / (n + 2 * k)
+    up_kept = ("mlpwi" in kept) if cfg.mlp == "gelu" else \
+        (("mlpwi_0" in kept) + ("mlpwi_1" in kept)) / 2
+    dense_up = 0.0 if cfg.is_moe else part["mlp_up"] * (1 - up_kept)  # MoE experts: untagged, recomputed
+    recompute = (part["qkv"] * qkv_unkept + part["attention"] * (0.5 if "context" in kept else 1.0)
+                 + part["out"] * ("out_proj" not in kept) + (part["mlp_up"] if cfg.is_moe else dense_up)
+                 + part["router"])
+    return 1.0 + cfg.n_layers * recompute / a["train_flops_per_token"]
 
 
 def reconcile(cost, model_flops_step: float, n_chips: int, cfg, mode: str, seq: int,

@@ -31,9 +31,10 @@ from typing import Any
 
 from models import inference, moe, pipeline
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
-from models.config import REMATS, resolve_attention
+from models.config import resolve_attention
 from models.precision import get_policy
 from models.presets import get_config
+from models.remat import parse_remat
 from models.transformer import Transformer
 from partitioning import topology as topo
 from partitioning.mesh import make_mesh, parse_mesh_spec
@@ -65,7 +66,8 @@ class PredictSpec:
     batch: int | None = None         # global batch (sequences); None: 4 per chip... see default_batch
     seq: int | None = None           # tokens per sequence (decode: the KV-cache length); None: preset's seq_len
     mode: str = "train"
-    remat: str = "auto"              # none | per-layer | dots | minimal | offload | auto (the preset's; per-layer when that does not fit)
+    remat: str = "auto"              # a models/remat.py policy (none, full, minimal, save_dot_except_mlpwi, ..., or
+    #                                  NAME=remat|device|offload,...) | auto (the preset's; per-layer when that does not fit)
     microbatches: int = 1
     policy: str = "bf16"
     overrides: str | None = None     # model config overrides 'k=v,k=v'
@@ -287,20 +289,23 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     target = topo.parse_target(spec.target)
     cfg = get_config(spec.preset, spec.overrides)
     if spec.remat not in ("auto", None):
-        if spec.remat not in REMATS:
-            raise WorkbenchError(f"--remat {spec.remat!r}: choose {', '.join(REMATS)} or auto")
+        try:
+            parse_remat(spec.remat)
+        except WorkbenchError as e:
+            raise WorkbenchError(f"--remat {spec.remat!r}: {e}; or auto") from None
         cfg = cfg.replace(remat=spec.remat)
     notes: list[str] = []
     seq = spec.seq if spec.seq is not None else cfg.seq_len
     if seq < 1:
         raise WorkbenchError(f"--seq must be >= 1, got {seq}")
     if seq > cfg.seq_len:
-        if cfg.pos == "learned":
-            raise WorkbenchError(f"--seq {seq} exceeds {spec.preset}'s learned position table ({cfg.seq_len}); "
-                                 f"use --seq <= {cfg.seq_len} or --set seq_len={seq}")
+        if cfg.pos == "learned":  # a compile of fresh parameters: the table grows, as --set seq_len would make it
+            notes.append(f"--seq {seq} exceeds {spec.preset}'s learned position table ({cfg.seq_len} rows): compiled "
+                         f"with the table grown to {seq} rows (as --set seq_len={seq})")
         cfg = cfg.replace(seq_len=seq)
     if spec.strategy is None:
-        raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, ep")
+        raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, "
+                             "fsdp+tp+cp, ep")
     if spec.mesh:
 
         axes = parse_mesh_spec(spec.mesh)

@@ -52,7 +52,7 @@ class PublishedRun:
         # MaxText splits the activations' embed over its tensor axis (logical rule activation_embed -> tensor)
         shard = r["framework"] == "MaxText" and "model=" in r["mesh"]
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
-                           batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat_here"],
+                           batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat"],
                            microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides(),
                            shard_activations=shard)
 
