@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -275,20 +276,13 @@ def forward(model, tokens_bt, pipe: PipelineSpec, mesh):
     return model.head(y_btd), {}
 
 
-# ------------------------------------------------------------------------------------------------------------ 1F1B
-def one_f_one_b(layer_fn, head_loss, pipe: PipelineSpec, mesh, residual_dtype):
-    """The pipelined part's loss under the 1F1B schedule, as a function with its own backward pass:
+def _vary(a):
+    return jax.lax.pcast(a, STAGE_AXIS, to="varying")
 
-        loss = f(stacked, head_state, x_mbtd, targets_mbt, pos_bt)
 
-    stacked: the block states (L, ...) in stage order; head_state: what `head_loss(head_state, y_btd, targets_bt)`
-    differentiates (the final norm and the unembedding); x_mbtd: the microbatched embedding (m, mb, t, d);
-    targets_mbt (m, mb, t); pos_bt (mb, t). loss = the mean over microbatches of head_loss (equal-size microbatches:
-    the mean over all tokens of the global batch when head_loss is each microbatch's mean cross-entropy).
-
-    f is a jax.custom_vjp: its forward rule runs the whole schedule, forward and backward interleaved, and returns
-    the gradients w.r.t. stacked, head_state and x_mbtd as residuals; its backward rule scales them by the incoming
-    cotangent. So jax.value_and_grad around f (and around the embedding before it) works unchanged.
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Schedule1F1B:
+    """One stage's part of one_f_one_b's schedule, run inside the shard_map over `stage` (`body`).
 
     The schedule (lockstep SPMD over the `stage` axis; p stages, m microbatches, ticks t = 0 .. m + 2p − 3):
       F  stage s runs microbatch f = t − s (when 0 ≤ f < m): input x_mb[f] on stage 0, else what stage s − 1 sent
@@ -310,6 +304,114 @@ def one_f_one_b(layer_fn, head_loss, pipe: PipelineSpec, mesh, residual_dtype):
     microbatches' stage inputs at once, independent of m (Megatron's non-lockstep 1F1B holds p − s: there a hop
     costs one F or one B, here every hop costs a whole F + B tick; docs/pipeline.md).
     """
+
+    layer_fn: Any
+    head_loss: Any
+    p: int
+    m: int
+    k_slots: int
+    ticks: int
+    rules: Any  # the activation rules in context when the schedule was built (None: none)
+    cd: Any  # the carry dtype
+    residual_dtype: Any
+
+    def forward(self, t, s, last, params, head_state, chunk, x_mb, tg_mb, recv_f, stash, g_head, loss):
+        """F of tick t on stage s (and the head's loss and dy on the last stage) -> (y, dy, stash, g_head, loss)."""
+        m, k_slots, cd, residual_dtype = self.m, self.k_slots, self.cd, self.residual_dtype
+        f = t - s
+        do_f = (f >= 0) & (f < m)
+        fc = jnp.clip(f, 0, m - 1)
+        x_in = jnp.where(s == 0, jax.lax.dynamic_index_in_dim(x_mb, fc, 0, keepdims=False), recv_f)
+        slot = fc % k_slots
+        kept = jax.lax.dynamic_index_in_dim(stash, slot, 0, keepdims=False)
+        stash = jax.lax.dynamic_update_index_in_dim(stash, jnp.where(do_f, x_in, kept), slot, 0)
+        # each cond is written (idle, skip, work): the work is branch 0, the one a counter that follows a single
+        # branch (workbench.cost.analytic) counts, as the HLO counter counts every branch each tick
+        y = jax.lax.cond(~do_f, lambda x: jnp.zeros_like(x), lambda x: chunk(params, x), x_in)
+
+        def head_step(ops):
+            y, g_head, loss = ops
+            tg = jax.lax.dynamic_index_in_dim(tg_mb, fc, 0, keepdims=False)
+            l_f, vjp = jax.vjp(lambda hs, yy: self.head_loss(hs, yy.astype(residual_dtype), tg) / m, head_state, y)
+            dhs, dy = vjp(jnp.ones_like(l_f))
+            return dy.astype(cd), jax.tree.map(jnp.add, g_head, dhs), loss + l_f.astype(jnp.float32)
+
+        dy, g_head, loss = jax.lax.cond(~(do_f & last), lambda ops: (jnp.zeros_like(ops[0]),) + ops[1:],
+                                        head_step, (y, g_head, loss))
+        return y, dy, stash, g_head, loss
+
+    def backward(self, t, s, last, params, chunk, dy, recv_b, stash, g_par, dx_mb):
+        """B of tick t on stage s -> (g_par, dx, dx_mb)."""
+        p, m = self.p, self.m
+        b = t - (2 * p - 2 - s)
+        do_b = (b >= 0) & (b < m)
+        bc = jnp.clip(b, 0, m - 1)
+        cot = jnp.where(last, dy, recv_b)
+        x_saved = jax.lax.dynamic_index_in_dim(stash, bc % self.k_slots, 0, keepdims=False)
+
+        def back(ops):
+            g_par, x_saved, cot = ops
+            _, vjp = jax.vjp(chunk, params, x_saved)
+            dp, dx = vjp(cot)
+            return jax.tree.map(jnp.add, g_par, dp), dx.astype(self.cd)
+
+        g_par, dx = jax.lax.cond(~do_b, lambda ops: (ops[0], jnp.zeros_like(ops[1])), back, (g_par, x_saved, cot))
+        prev = jax.lax.dynamic_index_in_dim(dx_mb, bc, 0, keepdims=False)
+        dx_mb = jax.lax.dynamic_update_index_in_dim(dx_mb, jnp.where(do_b & (s == 0), dx, prev), bc, 0)
+        return g_par, dx, dx_mb
+
+    def body(self, stage_ids, params, head_state, x_mb, tg_mb, pos):
+        """One stage: every tick's F and B, then the loss, the stage's gradients, the head's and x's."""
+        p, cd = self.p, self.cd
+        fwd_perm = [(k, k + 1) for k in range(p - 1)]
+        bwd_perm = [(k + 1, k) for k in range(p - 1)]
+        params = jax.tree.map(lambda a: a[0], params)  # this stage's (Lc, ...)
+        # this stage's index, from a stage-sharded iota: as axis_index, without the analytic counter's (jax's
+        # roofline) warning that it has no rule for axis_index
+        s = stage_ids[0]
+        last = s == p - 1
+        # varying before any vjp: the transpose of an implicit invariant -> varying cast is a psum over `stage`,
+        # which must not sit inside a branch that only some stages take
+        head_state = jax.tree.map(_vary, head_state)
+        chunk = lambda cp, x: _apply_chunk(self.layer_fn, cp, x, pos, self.residual_dtype, cd)
+        zeros_x = jnp.zeros(x_mb.shape[1:], cd)
+
+        def tick(carry, t):
+            recv_f, recv_b, stash, g_par, g_head, loss, dx_mb = carry
+            y, dy, stash, g_head, loss = self.forward(t, s, last, params, head_state, chunk, x_mb, tg_mb, recv_f,
+                                                      stash, g_head, loss)
+            g_par, dx, dx_mb = self.backward(t, s, last, params, chunk, dy, recv_b, stash, g_par, dx_mb)
+            # ---- the two permutes, outside the branches
+            recv_f = jax.lax.ppermute(y, STAGE_AXIS, perm=fwd_perm)
+            recv_b = jax.lax.ppermute(dx, STAGE_AXIS, perm=bwd_perm)
+            return (recv_f, recv_b, stash, g_par, g_head, loss, dx_mb), None
+
+        zeros = lambda tree: jax.tree.map(lambda a: _vary(jnp.zeros(a.shape, a.dtype)), tree)
+        carry = (_vary(zeros_x), _vary(zeros_x), _vary(jnp.zeros((self.k_slots,) + x_mb.shape[1:], cd)),
+                 zeros(params), zeros(head_state), _vary(jnp.zeros((), jnp.float32)), _vary(jnp.zeros(x_mb.shape, cd)))
+        with (activation_sharding(compat.get_abstract_mesh(), self.rules) if self.rules is not None
+              else contextlib.nullcontext()):
+            (_, _, _, g_par, g_head, loss, dx_mb), _ = jax.lax.scan(tick, carry, jnp.arange(self.ticks))
+        psum = lambda a: jax.lax.psum(a, STAGE_AXIS)  # the loss and head grads live on the last stage, dx on stage 0
+        return psum(loss), jax.tree.map(lambda a: a[None], g_par), jax.tree.map(psum, g_head), psum(dx_mb)
+
+
+def one_f_one_b(layer_fn, head_loss, pipe: PipelineSpec, mesh, residual_dtype):
+    """The pipelined part's loss under the 1F1B schedule, as a function with its own backward pass:
+
+        loss = f(stacked, head_state, x_mbtd, targets_mbt, pos_bt)
+
+    stacked: the block states (L, ...) in stage order; head_state: what `head_loss(head_state, y_btd, targets_bt)`
+    differentiates (the final norm and the unembedding); x_mbtd: the microbatched embedding (m, mb, t, d);
+    targets_mbt (m, mb, t); pos_bt (mb, t). loss = the mean over microbatches of head_loss (equal-size microbatches:
+    the mean over all tokens of the global batch when head_loss is each microbatch's mean cross-entropy).
+
+    f is a jax.custom_vjp: its forward rule runs the whole schedule, forward and backward interleaved, and returns
+    the gradients w.r.t. stacked, head_state and x_mbtd as residuals; its backward rule scales them by the incoming
+    cotangent. So jax.value_and_grad around f (and around the embedding before it) works unchanged.
+
+    The schedule, its cost (GPipe's bubble) and the bound on the stash it keeps: _Schedule1F1B.
+    """
     p, m = pipe.stages, pipe.microbatches
     if pipe.repeats != 1:
         raise WorkbenchError(f"1F1B with pipeline repeats {pipe.repeats} (interleaved 1F1B) is not implemented; use "
@@ -317,80 +419,11 @@ def one_f_one_b(layer_fn, head_loss, pipe: PipelineSpec, mesh, residual_dtype):
     if _spmd_stages(mesh) != p:
         raise WorkbenchError(f"pipeline of {p} stages on a mesh whose stage axis is {_spmd_stages(mesh)}; make them "
                              "equal")
-    k_slots = pipe.held_microbatches
     ctx = current()
-    rules = ctx[1] if ctx is not None else None
     cd = carry_dtype(mesh, residual_dtype)
-    fwd_perm = [(k, k + 1) for k in range(p - 1)]
-    bwd_perm = [(k + 1, k) for k in range(p - 1)]
-
-    def body(stage_ids, params, head_state, x_mb, tg_mb, pos):
-        params = jax.tree.map(lambda a: a[0], params)  # this stage's (Lc, ...)
-        # this stage's index, from a stage-sharded iota: as axis_index, without the analytic counter's (jax's
-        # roofline) warning that it has no rule for axis_index
-        s = stage_ids[0]
-        last = s == p - 1
-        vary = lambda a: jax.lax.pcast(a, STAGE_AXIS, to="varying")
-        # varying before any vjp: the transpose of an implicit invariant -> varying cast is a psum over `stage`,
-        # which must not sit inside a branch that only some stages take
-        head_state = jax.tree.map(vary, head_state)
-        chunk = lambda cp, x: _apply_chunk(layer_fn, cp, x, pos, residual_dtype, cd)
-        zeros_x = jnp.zeros(x_mb.shape[1:], cd)
-
-        def tick(carry, t):
-            recv_f, recv_b, stash, g_par, g_head, loss, dx_mb = carry
-            # ---- F: microbatch f = t - s
-            f = t - s
-            do_f = (f >= 0) & (f < m)
-            fc = jnp.clip(f, 0, m - 1)
-            x_in = jnp.where(s == 0, jax.lax.dynamic_index_in_dim(x_mb, fc, 0, keepdims=False), recv_f)
-            slot = fc % k_slots
-            kept = jax.lax.dynamic_index_in_dim(stash, slot, 0, keepdims=False)
-            stash = jax.lax.dynamic_update_index_in_dim(stash, jnp.where(do_f, x_in, kept), slot, 0)
-            # each cond is written (idle, skip, work): the work is branch 0, the one a counter that follows a single
-            # branch (workbench.cost.analytic) counts, as the HLO counter counts every branch each tick
-            y = jax.lax.cond(~do_f, lambda x: jnp.zeros_like(x), lambda x: chunk(params, x), x_in)
-
-            def head_step(ops):
-                y, g_head, loss = ops
-                tg = jax.lax.dynamic_index_in_dim(tg_mb, fc, 0, keepdims=False)
-                l_f, vjp = jax.vjp(lambda hs, yy: head_loss(hs, yy.astype(residual_dtype), tg) / m, head_state, y)
-                dhs, dy = vjp(jnp.ones_like(l_f))
-                return dy.astype(cd), jax.tree.map(jnp.add, g_head, dhs), loss + l_f.astype(jnp.float32)
-
-            dy, g_head, loss = jax.lax.cond(~(do_f & last), lambda ops: (jnp.zeros_like(ops[0]),) + ops[1:],
-                                            head_step, (y, g_head, loss))
-            # ---- B: microbatch b = t - (2p - 2 - s)
-            b = t - (2 * p - 2 - s)
-            do_b = (b >= 0) & (b < m)
-            bc = jnp.clip(b, 0, m - 1)
-            cot = jnp.where(last, dy, recv_b)
-            x_saved = jax.lax.dynamic_index_in_dim(stash, bc % k_slots, 0, keepdims=False)
-
-            def back(ops):
-                g_par, x_saved, cot = ops
-                _, vjp = jax.vjp(chunk, params, x_saved)
-                dp, dx = vjp(cot)
-                return jax.tree.map(jnp.add, g_par, dp), dx.astype(cd)
-
-            g_par, dx = jax.lax.cond(~do_b, lambda ops: (ops[0], jnp.zeros_like(ops[1])), back, (g_par, x_saved, cot))
-            prev = jax.lax.dynamic_index_in_dim(dx_mb, bc, 0, keepdims=False)
-            dx_mb = jax.lax.dynamic_update_index_in_dim(dx_mb, jnp.where(do_b & (s == 0), dx, prev), bc, 0)
-            # ---- the two permutes, outside the branches
-            recv_f = jax.lax.ppermute(y, STAGE_AXIS, perm=fwd_perm)
-            recv_b = jax.lax.ppermute(dx, STAGE_AXIS, perm=bwd_perm)
-            return (recv_f, recv_b, stash, g_par, g_head, loss, dx_mb), None
-
-        zeros = lambda tree: jax.tree.map(lambda a: vary(jnp.zeros(a.shape, a.dtype)), tree)
-        carry = (vary(zeros_x), vary(zeros_x), vary(jnp.zeros((k_slots,) + x_mb.shape[1:], cd)), zeros(params),
-                 zeros(head_state), vary(jnp.zeros((), jnp.float32)), vary(jnp.zeros(x_mb.shape, cd)))
-        with (activation_sharding(compat.get_abstract_mesh(), rules) if rules is not None
-              else contextlib.nullcontext()):
-            (_, _, _, g_par, g_head, loss, dx_mb), _ = jax.lax.scan(tick, carry, jnp.arange(pipe.ticks))
-        psum = lambda a: jax.lax.psum(a, STAGE_AXIS)  # the loss and head grads live on the last stage, dx on stage 0
-        return psum(loss), jax.tree.map(lambda a: a[None], g_par), jax.tree.map(psum, g_head), psum(dx_mb)
-
-    sm = compat.shard_map(body, mesh=mesh, in_specs=(P(STAGE_AXIS), P(STAGE_AXIS), P(), P(), P(), P()),
+    sched = _Schedule1F1B(layer_fn, head_loss, p, m, pipe.held_microbatches, pipe.ticks,
+                          ctx[1] if ctx is not None else None, cd, residual_dtype)
+    sm = compat.shard_map(sched.body, mesh=mesh, in_specs=(P(STAGE_AXIS), P(STAGE_AXIS), P(), P(), P(), P()),
                           out_specs=(P(), P(STAGE_AXIS), P(), P()), axis_names=frozenset({STAGE_AXIS}))
 
     def run(stacked, head_state, x_mbtd, targets_mbt, pos_bt):
