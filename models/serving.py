@@ -170,6 +170,19 @@ class Steps:
         logits, cache = inference.decode_step(self.model(params, rest), tokens_b[:, None], cache, active_b)
         return logits[:, 0], cache
 
+    def init_paged(self, batch: int, max_len: int, page_size: int) -> dict:
+        from models import paged
+
+        return paged.init_paged(self._template, batch, max_len, page_size)
+
+    def decode_paged(self, params, rest, tokens_b, cache):
+        """decode over a paged cache (models/paged.py, the page-table gather form)."""
+        from models import paged
+
+        logits, cache = paged.paged_forward(self.model(params, rest), tokens_b[:, None], cache)
+        cache["lengths"] = cache["lengths"] + 1
+        return logits[:, 0], cache
+
     def verify(self, params, rest, tokens_bt, cache):
         """Logits of every position of t new tokens (b, t, v), the cache's lengths left where they were."""
         return inference.forward(self.model(params, rest), tokens_bt, cache)

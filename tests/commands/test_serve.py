@@ -43,3 +43,20 @@ def test_serve_predicts_a_tpu_slice_and_int8_weights_read_fewer_bytes(tmp_path):
     assert all(b["predicted_tpot_s"] > 0 and b["fits"] for b in r["batches"])
     assert r["knee"]["batch"] is not None or "never" in r["knee"]["why"]
     assert q["batches"][0]["decode"]["bytes"] < r["batches"][0]["decode"]["bytes"]
+
+
+def test_serve_a_trained_checkpoint_quantized_and_paged(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", WORKBENCH_RESULTS=str(tmp_path), WORKBENCH_HUGEPAGES="0")
+    ck = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "tiny", "--steps", "2",
+                        "--checkpoint-dir", str(ck)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = _serve(tmp_path, "--preset", "tiny", "--checkpoint", str(ck), "--batch", "2", "--prompt-len", "16",
+                 "--gen-len", "8", "--quant", "int8", "--kv-dtype", "int8", "--paged", "--page-size", "4",
+                 "--requests", "synthetic", "--plot", str(tmp_path / "serve.png"))
+    assert out["weights"].startswith("checkpoint") and "step 2" in out["weights"]
+    q = out["quality"]
+    assert q["perplexity"] > 1 and abs(q["perplexity"] / q["perplexity_unquantized"] - 1) < 0.05
+    assert out["continuous_batching"]["paged_cache"]["paged_positions_peak"] <= \
+        out["continuous_batching"]["paged_cache"]["contiguous_positions"]
+    assert os.path.getsize(out["plot"]) > 0

@@ -121,3 +121,26 @@ def test_sampling_limits():
     assert set(np.asarray(draws).tolist()) == {1, 2}
     with pytest.raises(WorkbenchError):
         Sampling(top_p=0.0)
+
+
+def test_paged_cache_equals_the_contiguous_one():
+    """Rows whose pages are scattered over the pool (a shuffled page table) give the contiguous cache's logits, in
+    prefill and over several decode steps."""
+    from models import paged
+
+    model = inference.unrolled(_model(LLAMA_TINY))
+    tok = jax.random.randint(jax.random.key(5), (2, 14), 0, 256).astype(jnp.int32)
+    pc = paged.init_paged(model, 2, 32, page_size=4, n_pages=20)
+    pc["page_table"] = jnp.asarray(np.random.default_rng(0).permutation(20)[:16].reshape(2, 8), jnp.int32)
+    cc = inference.init_cache(model, 2, 32)
+    lp, pc = paged.paged_forward(model, tok[:, :10], pc)
+    lc, cc = inference.forward(model, tok[:, :10], cc)
+    assert_close(lp, lc, "float32")
+    pc["lengths"] = cc["lengths"] = jnp.array([10, 10])
+    for i in range(10, 14):
+        lp, pc = paged.paged_forward(model, tok[:, i:i + 1], pc)
+        lc, cc = inference.forward(model, tok[:, i:i + 1], cc)
+        assert_close(lp, lc, "float32")
+        pc["lengths"] = cc["lengths"] = cc["lengths"] + 1
+    frag = paged.fragmentation([(5, 0, 3), (30, 0, 10), (8, 4, 12)], slots=2, max_len=64, page_size=4)
+    assert frag["paged_positions_peak"] < frag["contiguous_positions"]

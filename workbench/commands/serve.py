@@ -63,14 +63,19 @@ def register(app: typer.Typer) -> None:
         draft_tokens: int = typer.Option(4, "--draft-tokens", help="tokens the draft proposes per round"),
         requests: Optional[str] = typer.Option(None, "--requests", help="host: continuous batching over a request "
                                                "stream: 'synthetic' or a JSON-lines file of {prompt, max_new}"),
+        checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="host: serve the weights `workbench run "
+                                                 "--checkpoint-dir DIR` saved (its newest step)"),
+        paged: bool = typer.Option(False, "--paged", help="host: decode over a paged KV cache (page-table gather)"),
+        page_size: int = typer.Option(16, "--page-size", help="positions per page of the paged cache"),
         seed: int = typer.Option(0, "--seed"),
+        plot: Optional[str] = typer.Option(None, "--plot", help="write the latency–throughput chart (PNG) here"),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Serving per batch size: time to first token, time per output token, tokens/s, memory, roofline, knee."""
         from workbench.programs.serve import ServeSpec, validate
 
         spec = ServeSpec(preset, target, _batches(batch), prompt_len, gen_len, quant, kv_dtype, policy, strategy,
-                         mesh, set_, draft, draft_tokens, requests, seed)
+                         mesh, set_, draft, draft_tokens, requests, seed, checkpoint, paged, page_size)
         validate(spec)
         if target != "host":
             from workbench.commands.predict import setup_target_devices
@@ -85,6 +90,10 @@ def register(app: typer.Typer) -> None:
         con = stderr_console()
         with con.status(f"serving {preset} on {target}") as status:
             r = serve(spec, say=lambda s: status.update(s))
+        if plot:
+            from workbench.results.figures import serving_chart
+
+            r["plot"] = serving_chart(r, plot)
         if as_json:
             emit_json(r)
             return
@@ -100,5 +109,8 @@ def register(app: typer.Typer) -> None:
                   f"predicted {s['predicted_speedup']:.2f}x")
         if "continuous_batching" in r:
             c = r["continuous_batching"]
+            f = c["paged_cache"]
             print(f"continuous batching: {c['requests']} requests over {c['slots']} slots in {c['decode_steps']} "
-                  f"steps, {c['tokens_per_s']:.1f} tokens/s")
+                  f"steps, {c['tokens_per_s']:.1f} tokens/s; a paged cache (pages of {f.get('page_size')}) holds "
+                  f"{f['paged_positions_peak']} positions at the busiest step against {f['contiguous_positions']} "
+                  f"reserved contiguously")

@@ -43,6 +43,9 @@ class ServeSpec:
     draft_tokens: int = 4
     requests: str | None = None    # 'synthetic' or a JSON-lines file of {"prompt": str, "max_new": int}
     seed: int = 0
+    checkpoint: str | None = None  # host: serve the weights a `workbench run --checkpoint-dir` saved
+    paged: bool = False            # host: decode over a paged cache (page-table gather form)
+    page_size: int = 16
 
     @property
     def max_len(self) -> int:
@@ -64,8 +67,10 @@ def validate(spec: ServeSpec) -> None:
     kv_dtype_name(spec.kv_dtype)
     if spec.draft is not None and spec.draft_tokens < 1:
         raise WorkbenchError(f"--draft-tokens must be >= 1, got {spec.draft_tokens}")
-    if spec.target != "host" and (spec.draft or spec.requests):
-        raise WorkbenchError("--draft and --requests run on the host; use --target host")
+    if spec.target != "host" and (spec.draft or spec.requests or spec.checkpoint or spec.paged):
+        raise WorkbenchError("--draft, --requests, --checkpoint and --paged run on the host; use --target host")
+    if spec.page_size < 1:
+        raise WorkbenchError(f"--page-size must be >= 1, got {spec.page_size}")
     _host_config(spec, spec.preset)  # an unknown preset, bad overrides or a context beyond learned positions
     if spec.draft:
         _host_config(spec, spec.draft, spec.draft_tokens + 1)
@@ -106,14 +111,25 @@ def _prompts(batch: int, length: int, seed: int, vocab: int) -> np.ndarray:
 
 
 def _steps(spec: ServeSpec, preset: str, extra: int = 0):
+    """The serving steps of `preset` (random weights, seeded), or of the checkpoint's model for the served preset."""
     from flax import nnx
 
     from models.serving import Steps
     from models.transformer import Transformer
 
+    if spec.checkpoint and preset == spec.preset:
+        model, info = restore_model(spec.checkpoint, spec.seed)
+        if model.cfg.pos == "learned" and spec.max_len + extra > model.cfg.seq_len:
+            raise WorkbenchError(f"--prompt-len + --gen-len = {spec.max_len + extra} exceeds the checkpoint's "
+                                 f"learned position table ({model.cfg.seq_len})")
+        steps = Steps(model, quant=spec.quant, kv_dtype=spec.kv_dtype)
+        steps.origin = f"checkpoint {info['checkpoint']} step {info['step']} (last training loss {info['last_loss']})"
+        return steps
     cfg = _host_config(spec, preset, extra)
     model = Transformer(cfg, spec.policy or "float32", nnx.Rngs(spec.seed))
-    return Steps(model, quant=spec.quant, kv_dtype=spec.kv_dtype)
+    steps = Steps(model, quant=spec.quant, kv_dtype=spec.kv_dtype)
+    steps.origin = f"random initialisation (seed {spec.seed})"
+    return steps
 
 
 def _program(fn, args, hw, *, measure: bool, feed: int, repeats: int = 10):
@@ -176,10 +192,12 @@ def _host_batch(steps, spec: ServeSpec, hw, batch: int, store) -> tuple[dict, di
     SAY(f"serve: batch {batch}: prefill {batch} x {spec.prompt_len}")
     pc, pp, pm = _program(steps.prefill, (steps.params, steps.rest, prompts, lengths, cache), hw, measure=True, feed=4,
                           repeats=5)
-    filled = steps.init_cache(batch, spec.max_len)
+    filled = steps.init_paged(batch, spec.max_len, spec.page_size) if spec.paged else \
+        steps.init_cache(batch, spec.max_len)
     filled["lengths"] = lengths
     SAY(f"serve: batch {batch}: decode against {spec.max_len} cached positions")
-    dc, dp, dm = _program(steps.decode, (steps.params, steps.rest, prompts[:, -1], filled), hw, measure=True, feed=3)
+    dc, dp, dm = _program(steps.decode_paged if spec.paged else steps.decode,
+                          (steps.params, steps.rest, prompts[:, -1], filled), hw, measure=True, feed=3)
     for what, comp, pred, meas in (("prefill", pc, pp, pm), ("decode", dc, dp, dm)):
         store.append(make_record("serve", dict(spec.to_dict(), batch=batch, phase=what, target=hw.name), comp.cost,
                                  pred, meas, seed=spec.seed))
@@ -209,8 +227,10 @@ def serve_host(spec: ServeSpec, say) -> dict:
         points.append(point)
     out = {"preset": spec.preset, "target": hw.name, "policy": spec.policy or "float32", "quant": spec.quant,
            "kv_dtype": steps.kv_dtype, "prompt_len": spec.prompt_len, "gen_len": spec.gen_len, "chips": 1,
-           "weights": "random initialisation (seed {})".format(spec.seed), "batches": rows,
+           "weights": steps.origin, "batches": rows,
            "ridge": rows[0]["decode"]["ridge"], "_decode_points": points}
+    if spec.quant != "none" or steps.kv_dtype != "auto":
+        out["quality"] = quality(spec, steps)
     if spec.draft:
         out["speculative"] = speculative(spec, steps, hw)
     if spec.requests:
@@ -379,9 +399,84 @@ def continuous_batching(spec: ServeSpec, steps) -> dict:
     eng = Engine.from_steps(steps, slots, spec.max_len, seed=spec.seed)
     occupancy = []
     done, wall = timed(lambda: eng.serve(reqs, on_step=lambda s, d, live: occupancy.append(live)))
+    from models.paged import fragmentation
+
     tokens = sum(len(d.tokens) for d in done)
+    schedule = [(d.prompt_len, d.admitted_step, d.finished_step) for d in done]
     first = min(done, key=lambda d: d.id)
     text = bytes(t % 256 for t in first.tokens).decode("utf-8", "replace") if steps.cfg.vocab_size == 256 else None
     return {"requests": len(reqs), "slots": slots, "decode_steps": len(occupancy), "tokens": tokens, "wall_s": wall,
             "tokens_per_s": tokens / wall, "mean_slots_busy": float(np.mean(occupancy)) if occupancy else 0.0,
-            "order_finished": [d.id for d in done][:16], "first_request_text": text}
+            "order_finished": [d.id for d in done][:16], "first_request_text": text,
+            "paged_cache": fragmentation(schedule, slots, spec.max_len, spec.page_size)}
+
+
+# ------------------------------------------------------------------------------------------------- trained weights
+
+
+def restore_model(directory: str, seed: int = 0):
+    """The model a `workbench run --checkpoint-dir DIR` saved, at its newest complete step: (model, what it is).
+    Only the parameters are read back (the optimizer's moments stay on disk)."""
+    import os
+
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from models.config import ModelConfig
+    from models.transformer import Transformer
+    from workbench.programs.checkpoint import complete_steps
+
+    steps = complete_steps(directory) if os.path.isdir(directory) else []
+    if not steps:
+        raise WorkbenchError(f"--checkpoint {directory}: no complete checkpoint there; train one with "
+                             "`workbench run --checkpoint-dir DIR`")
+    step = steps[-1]
+    mgr = ocp.CheckpointManager(os.path.abspath(directory))
+    try:
+        got = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), state=ocp.args.StandardRestore()))
+    except Exception as e:  # noqa: BLE001 - unreadable files: one line
+        raise WorkbenchError(f"--checkpoint {directory}/{step} is unreadable ({str(e).splitlines()[0][:200]})") from None
+    finally:
+        mgr.close()
+    meta, flat = got["meta"], got["state"]
+    cfg = ModelConfig(**meta["run"]["model"])
+    model = Transformer(cfg, meta["run"]["precision"], nnx.Rngs(seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    saved = {p: flat[f"{i:05d}"] for i, p in enumerate(meta["leaf_paths"]) if p.startswith("['params']")}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    missing = [jax.tree_util.keystr(p) for p, _ in leaves if "['params']" + jax.tree_util.keystr(p) not in saved]
+    if missing:
+        raise WorkbenchError(f"--checkpoint {directory}: its parameters do not match the model it names "
+                             f"(missing {missing[0]})")
+    values = [jax.numpy.asarray(saved["['params']" + jax.tree_util.keystr(p)]) for p, _ in leaves]
+    model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, values), rest)
+    losses = meta.get("losses") or []
+    return model, {"checkpoint": os.path.abspath(directory), "step": step, "precision": meta["run"]["precision"],
+                   "last_loss": losses[-1] if losses else None}
+
+
+def quality(spec: ServeSpec, steps) -> dict:
+    """What quantized weights or a quantized cache cost in accuracy: on held-out corpus text (prompt_len windows),
+    the largest logit difference against the same model unquantized, and both perplexities."""
+    import jax
+    import jax.numpy as jnp
+
+    from models.serving import Steps
+
+    base = Steps(steps._template)
+    tokens = jnp.asarray(_prompts(4, spec.prompt_len + 1, spec.seed + 3, steps.cfg.vocab_size))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def run(st):
+        logits, _ = jax.jit(st.verify)(st.params, st.rest, inputs, st.init_cache(4, spec.prompt_len))
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+        return logits.astype(jnp.float32), float(jnp.exp(nll))
+
+    ref, ppl_ref = run(base)
+    got, ppl = run(steps)
+    return {"text": "held-out standard-library sources" if steps.cfg.vocab_size == 256 else "random tokens",
+            "tokens": int(targets.size), "perplexity": ppl, "perplexity_unquantized": ppl_ref,
+            "max_abs_logit_diff": float(jnp.abs(got - ref).max()),
+            "mean_abs_logit_diff": float(jnp.abs(got - ref).mean())}

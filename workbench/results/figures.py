@@ -304,3 +304,31 @@ def pipeline_bubble_chart(rows: list[dict], path: str, title: str = "") -> str:
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
+
+
+def serving_chart(result: dict, path: str) -> str:
+    """workbench serve: the latency–throughput curve (time per output token against tokens/s, one point per batch
+    size, labelled), measured where measured and predicted beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.0), dpi=120)
+    rows = result["batches"]
+    for kind, style, tkey, pkey in (("measured", "o-", "tpot_s", "tokens_per_s"),
+                                    ("predicted", "s--", "predicted_tpot_s", "predicted_tokens_per_s")):
+        pts = [(r[pkey], r[tkey] * 1e3, r["batch"]) for r in rows if r.get(tkey) and r.get(pkey)]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=kind)
+        for x, y, b in pts:
+            ax.annotate(f"B={b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens/s (all sequences)")
+    ax.set_ylabel("time per output token (ms)")
+    knee = (result.get("knee") or {}).get("batch")
+    ax.set_title(f"{result['preset']} on {result['target']}: prompt {result['prompt_len']} + {result['gen_len']}, "
+                 f"weights {result['quant']}; decode compute-bound from batch {knee or 'never'}", fontsize=8)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
