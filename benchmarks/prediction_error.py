@@ -63,7 +63,7 @@ from workbench.measure.calibrate import (
 from workbench.measure.harness import measure, measure_steps, random_inputs
 from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
-from workbench.programs.ops import build
+from workbench.programs.ops import program
 from workbench.programs.predict import build_inference_step
 from workbench.programs.train import build_train_step
 from workbench.results.console import print_table
@@ -181,24 +181,8 @@ QUICK_PROGRAMS = [("tiny 1 device dp float32", dict(kind="train", preset="tiny",
 
 # ------------------------------------------------------------------------------------------ ops
 def op_program(builder: str, sizes: dict, dtype: str):
-    """(fn, abstract args) of one held-out op."""
-    dt = jnp.dtype(dtype)
-    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
-    s = sizes
-    if builder == "matmul":
-        return (lambda a, b: jnp.matmul(a, b, preferred_element_type=a.dtype)), (sds(s["m"], s["k"]), sds(s["k"], s["n"]))
-    if builder == "batched":
-        return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), (sds(s["b"], s["m"], s["k"]), sds(s["b"], s["k"], s["n"]))
-    if builder == "matmul_tn":
-        return (lambda a, b: a.T @ b), (sds(s["k"], s["m"]), sds(s["k"], s["n"]))
-    if builder == "matmul_nt":
-        return (lambda a, b: a @ b.T), (sds(s["m"], s["k"]), sds(s["n"], s["k"]))
-    if builder == "reduce_short":
-        return (lambda x: x.sum(axis=1)), (sds(s["rows"], s["cols"]),)
-    if builder == "reduce_short_t":
-        return (lambda x: x.sum(axis=0)), (sds(s["rows"], s["cols"]),)
-    o = build(builder, dtype, **s)
-    return o.fn, o.args
+    """(fn, abstract args) of one held-out op (workbench.programs.ops.program)."""
+    return program(builder, sizes, dtype)
 
 
 def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:

@@ -132,3 +132,33 @@ def build(name: str, dtype: str = "float32", **sizes) -> Op:
 
     fn, args, fl, by, desc = fn_builder(**use, dtype=jnp.dtype(d))
     return Op(name, fn, args, use, d, fl, by, desc)
+
+
+# the error benchmark's op forms beyond OPS (benchmarks.prediction_error): dots in other layouts and short-axis sums
+def program(builder: str, sizes: dict, dtype: str = "float32") -> tuple[Callable, tuple]:
+    """(fn, abstract args) of an op by builder name: one of OPS, or `batched` (b×(m×k)·(k×n)), `matmul_tn` (Aᵀ·B),
+    `matmul_nt` (A·Bᵀ), `reduce_short` (a sum over axis 1 of rows × cols), `reduce_short_t` (over axis 0), as the
+    error benchmark and the stored-host replay (workbench.measure.replay) build them."""
+    import jax
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(dtype_name(dtype))
+    s = sizes
+
+    def sds(*shape):
+        return jax.ShapeDtypeStruct(shape, dt)
+
+    if builder == "matmul" and set(s) >= {"m", "k", "n"}:
+        return (lambda a, b: jnp.matmul(a, b, preferred_element_type=a.dtype)), (sds(s["m"], s["k"]), sds(s["k"], s["n"]))
+    if builder == "batched":
+        return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), (sds(s["b"], s["m"], s["k"]), sds(s["b"], s["k"], s["n"]))
+    if builder == "matmul_tn":
+        return (lambda a, b: a.T @ b), (sds(s["k"], s["m"]), sds(s["k"], s["n"]))
+    if builder == "matmul_nt":
+        return (lambda a, b: a @ b.T), (sds(s["m"], s["k"]), sds(s["n"], s["k"]))
+    if builder == "reduce_short":
+        return (lambda x: x.sum(axis=1)), (sds(s["rows"], s["cols"]),)
+    if builder == "reduce_short_t":
+        return (lambda x: x.sum(axis=0)), (sds(s["rows"], s["cols"]),)
+    o = build(builder, dtype, **s)
+    return o.fn, o.args
