@@ -204,19 +204,25 @@ def test_the_kernel_sum_is_checked_against_cost_analysis_in_its_convention():
 
 
 def test_dependent_passes_add_compute_and_memory_on_a_cpu_only():
-    """A kernel that walks its rows in dependent passes (a fused softmax) is priced compute + memory on a CPU, where
-    a core streams the row in and then computes over it from cache; on an accelerator the two overlap; a kernel with
-    dots keeps the overlap everywhere."""
-    from workbench.roofline.prediction import roof_seconds
+    """A kernel that walks its rows in dependent passes (a fused softmax, or one fused with the dot that consumes it)
+    is priced compute + memory on a CPU, where a core streams the row in and then computes the passes over it from
+    cache one after the other, its reductions and special functions adding to its arithmetic; on an accelerator the
+    terms overlap."""
+    from workbench.roofline.prediction import kernel_roof, roof_seconds
 
-    host = dataclasses.replace(CHIP, kind="cpu")
+    host = dataclasses.replace(CHIP, kind="cpu", reduce_per_s=1e9, reduce_per_s_cached=1e9)
     soft = KernelCost("s", "kCustom", "", 4e8, 4e8, 1e8, 1e8, dependent_passes=True)
     plain = dataclasses.replace(soft, dependent_passes=False)
     dotted = dataclasses.replace(soft, dot_flops=1e6)
     assert roof_seconds(soft, host, 2.0, 3.0) == pytest.approx(5.0)
     assert roof_seconds(plain, host, 2.0, 3.0) == pytest.approx(3.0)
-    assert roof_seconds(dotted, host, 2.0, 3.0) == pytest.approx(3.0)
+    assert roof_seconds(dotted, host, 2.0, 3.0) == pytest.approx(5.0)
     assert roof_seconds(soft, CHIP, 2.0, 3.0) == pytest.approx(3.0)
+    red = dataclasses.replace(soft, reduce_elements=2e8)
+    arith = 1e8 / 10e12 + 1e8 / host.transcendentals_per_s
+    assert kernel_roof(red, host, "float32", 1e12)[0] == pytest.approx(arith + 0.2)
+    assert kernel_roof(dataclasses.replace(red, dependent_passes=False), host, "float32", 1e12)[0] == \
+        pytest.approx(max(arith, 0.2))
 
 
 def test_simulated_devices_pay_a_rendezvous_per_array_of_a_combined_all_reduce():
@@ -282,19 +288,24 @@ def test_strided_transposes_bound_a_host_kernels_memory_term_at_the_calibrated_r
     assert transpose_seconds(dataclasses.replace(big, transpose_elements=0), host) == 0.0
 
 
-def test_a_host_kernel_whose_arrays_fit_half_the_cache_runs_from_it():
-    """A host kernel whose whole arrays (footprint), times the devices sharing the cache, fit in half the last-level
-    cache moves its bytes at the in-cache bandwidth and reduces at the in-cache rate; one slicing a stacked array
-    larger than that (small bytes, large footprint) stays priced from memory (on a write-allocating host: its
-    written bytes twice), as does every kernel of an accelerator."""
-    from workbench.roofline.prediction import kernel_roof
+def test_a_host_kernel_is_priced_at_the_cache_level_its_arrays_fit():
+    """A host kernel whose whole arrays (footprint), times the devices sharing the cache, fit the last-level cache
+    moves its bytes at the in-cache bandwidth and reduces at the in-cache rate; a working set beyond it is served
+    from the cache at the hit rate of a cyclic sweep under random replacement (1 − m = exp(−m·W/C)), the rest from
+    memory; one slicing a stacked array several times the cache (small bytes, large footprint) is priced from memory
+    (on a write-allocating host: its written bytes twice), as is every kernel of an accelerator."""
+    from workbench.roofline.prediction import kernel_roof, sweep_hit_rate
 
     host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, onchip_bw=4e10, reduce_per_s=1e9,
                                reduce_per_s_cached=4e9)
     small = KernelCost("s", "kLoop", "", 4e6, 4e6, 0, 0, footprint=8e6, reduce_elements=1e6)
     assert kernel_roof(small, host, "float32", 1e10) == pytest.approx((1e6 / 4e9, 8e6 / 4e10))
-    assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx((1e6 / 1e9, 8e6 / 1e10))
-    sliced = dataclasses.replace(small, footprint=64e6)
+    assert kernel_roof(dataclasses.replace(small, footprint=32e6), host, "float32", 1e10)[1] == pytest.approx(8e6 / 4e10)
+    h = sweep_hit_rate(2.0)  # 8 devices × 8 MB over a 32 MB cache
+    assert h == pytest.approx(1 - 0.7968, abs=1e-3)
+    assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx(
+        (1e6 / 1e9, h * 8e6 / 4e10 + (1 - h) * 8e6 / 1e10))
+    sliced = dataclasses.replace(small, footprint=64e6 * 8)
     wa = dataclasses.replace(host, write_allocate=True)
-    assert kernel_roof(sliced, wa, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10)
+    assert kernel_roof(sliced, wa, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10, rel=1e-3)
     assert kernel_roof(small, CHIP, "float32", 1e12)[1] == pytest.approx(8e6 / 1e12)

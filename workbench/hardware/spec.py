@@ -99,6 +99,27 @@ def monotone_curve(points) -> list[tuple[float, float]]:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryLevel:
+    """Host only: one level of the memory hierarchy a kernel's working set can fit in.
+
+    capacity: bytes this process's cores hold at the level (a per-core cache times the instances among the cores
+    the process runs on; a shared cache once), from the OS (sysfs). bw: bytes/s (read + written counted) of the
+    out-of-place stream over a working set that fits the level, measured. read_ratio: the read-only rate over bw
+    (a sum over the same level's data), measured where the calibration has it: a kernel reads at read_ratio·bw and
+    a written byte costs (2 − 1/read_ratio)/bw, so the stream's own 1:1 kernel prices at bw whatever the ratio;
+    1.5 is a write-allocating cache (each written line read first), 1.0 reads and writes alike."""
+
+    name: str
+    capacity: float
+    bw: float
+    read_ratio: float = 1.0
+
+    def seconds(self, bytes_in: float, bytes_out: float) -> float:
+        r = max(self.read_ratio, 1.0)
+        return bytes_in / (r * self.bw) + bytes_out * (2.0 - 1.0 / r) / self.bw
+
+
+@dataclasses.dataclass(frozen=True)
 class HardwareSpec:
     name: str
     kind: str  # tpu | gpu | cpu
@@ -134,6 +155,13 @@ class HardwareSpec:
     # host only: elements/s of a strided transpose in a fused kernel, from memory and from the last-level cache
     transpose_per_s: float | None = None
     transpose_per_s_cached: float | None = None
+    # host only: the caches a kernel's working set can fit in, smallest first, each with its measured stream
+    # (MemoryLevel); the memory beyond them streams at hbm_bw with memory_read_ratio (reads at ratio·hbm_bw)
+    cache_levels: tuple[MemoryLevel, ...] | None = None
+    memory_read_ratio: float | None = None
+    # host only: special-function results/s inside a library fusion (XLA:CPU's YNN kernels: a softmax, a reduction
+    # over exponentials), which evaluates them with its own vector code; None: transcendentals_per_s
+    transcendentals_per_s_library: float | None = None
 
     def matmul_rate(self, size: float, dtype) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the dtype's own measured

@@ -45,7 +45,7 @@ from typing import Any
 from workbench.cost.hlo import parse_kernels
 from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
-from workbench.hardware.spec import HardwareSpec, Interconnect, Source, resolve_name
+from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Source, resolve_name
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
@@ -852,6 +852,63 @@ def write_allocates(cal: dict) -> bool:
     return bool(inplace and oop and inplace >= WRITE_ALLOCATE_RATIO * oop)
 
 
+def memory_read_ratio(cal: dict) -> float | None:
+    """The memory's read-only rate over its out-of-place stream: the median over the stream samples of each one's
+    sum over the same buffer (`stream.samples_read`, timed beside it), else (calibrations before version 23) the
+    from-memory reduction's bytes over the stream's median. None where reads run slower than the stream counts
+    (below 1: the sum is bounded by its adds, not the memory, so it does not measure the reads)."""
+    st = cal.get("stream") or {}
+    pairs = [(r, b) for r, b in zip(st.get("samples_read") or (), st.get("samples") or ()) if r and b]
+    if pairs:
+        ratios = sorted(r / b for r, b in pairs)
+        ratio = ratios[len(ratios) // 2]
+    else:
+        per = ((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s")
+        ratio = per * 4 / st["bytes_per_s"] if (per and st.get("bytes_per_s")) else None
+    return ratio if ratio and ratio >= 1.0 else None
+
+
+def host_cache_levels(cal: dict) -> tuple[MemoryLevel, ...] | None:
+    """The measured cache levels of a calibration (`cache_levels`, version 23 on): each data or unified level with a
+    measured stream, its capacity for this process and its read ratio (a level without a measured read rate: 1).
+    None for older calibrations: the pricing then takes the last-level cache at `cache_stream`."""
+    out = []
+    for lv in cal.get("cache_levels") or ():
+        if lv.get("bytes_per_s") and lv.get("capacity_bytes"):
+            out.append(MemoryLevel(f"L{lv['level']}", float(lv["capacity_bytes"]), float(lv["bytes_per_s"]),
+                                   float(lv.get("read_ratio") or 1.0)))
+    return tuple(sorted(out, key=lambda v: v.capacity)) or None
+
+
+def convert_rate(cal: dict) -> float | None:
+    """float32 <-> narrow-float conversions/s: the calibration's slope between its two bf16 chains (extra conversions
+    over extra time), but never slower than either chain converted over its whole time (converts / the chain's
+    time, at the same level): a kernel's whole time bounds the time of its conversions, so a slope below that is the
+    deeper chain's other costs (its spills), not conversions."""
+    cv = cal.get("convert") or {}
+    rate = cv.get("per_s")
+    conv, secs = cv.get("converted_elements") or {}, cv.get("seconds") or {}
+    level = rate / cv["per_s_measured"] if (rate and cv.get("per_s_measured")) else 1.0
+    whole = [conv[d] / secs[d] * level for d in conv if secs.get(d)]
+    return max([r for r in (rate, *whole) if r], default=None)
+
+
+def first_touch_bw(cal: dict) -> float | None:
+    """Bytes/s at which fresh large outputs are page-faulted in, or None where the calibration could not tell it
+    from the stream's own noise: the fresh-output call is compared with a trip of the out-of-place loop at the
+    slowest stream sample of the calibration (the trip it was timed beside may have run in a fast spell), and only
+    what it took beyond that, by more than 5 %, is priced."""
+    ft = cal.get("first_touch") or {}
+    bw = ft.get("bytes_per_s")
+    st = cal.get("stream") or {}
+    fresh, lo, nbytes = ft.get("fresh_call_s"), (st.get("range_bytes_per_s") or [None])[0], st.get("buffer_bytes")
+    if not bw or not (fresh and lo and nbytes):
+        return bw
+    slow_trip = 2.0 * nbytes / lo
+    extra = fresh - slow_trip
+    return nbytes / extra if extra > 0.05 * slow_trip else None
+
+
 def spec_from_calibration(cal: dict) -> HardwareSpec:
     date = cal.get("time", "")[:10]
     src_m = Source("measured by `workbench calibrate` (XLA on this host, median of repeats)", date)
@@ -862,14 +919,19 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         if rows and dt in peaks:
             peaks[dt] = max(peaks[dt], *(r["flops_per_s"] for r in rows))
     bw = cal["stream"]["bytes_per_s"]
-    tr = cal["transcendentals"]
+    conv = convert_rate(cal)
+    # special functions: their throughput over independent elements (version 23 on), else the 2-deep chains
+    tr = cal.get("transcendentals_throughput") or cal["transcendentals"]
     rate = sorted(v["per_s"] for v in tr.values())[len(tr) // 2]  # the median function
+    # inside a library (YNN) fusion: measured there (version 23 on), else that library's in-cache reduction rate
+    lib = (cal.get("transcendentals_library") or {}).get("per_s") or \
+        ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s")
     feat = cal["cpu"]
     return HardwareSpec(
         name="host", kind="cpu", vendor=feat.get("vendor", ""), peak_flops=peaks,
         hbm_bytes=float(feat["mem_bytes"]), hbm_bw=bw,
         interconnect=Interconnect("host-memory", bw, 1),
-        first_touch_bw=cal.get("first_touch", {}).get("bytes_per_s"),
+        first_touch_bw=first_touch_bw(cal),
         onchip_bw=cal.get("cache_stream", {}).get("bytes_per_s"),
         call_overhead_s=cal.get("call_overhead_s"),
         matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
@@ -883,10 +945,12 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         or None,
         reduce_per_s=((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s"),
         reduce_per_s_cached=((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"),
-        convert_per_s=(cal.get("convert") or {}).get("per_s"),
+        convert_per_s=conv,
         write_allocate=write_allocates(cal),
         transpose_per_s=((cal.get("transpose") or {}).get("from_memory") or {}).get("per_s"),
         transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
+        cache_levels=host_cache_levels(cal), memory_read_ratio=memory_read_ratio(cal),
+        transcendentals_per_s_library=lib,
         onchip_bytes=float(feat["llc_bytes"]) or None, matrix_unit=None, transcendentals_per_s=rate,
         physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
@@ -898,7 +962,8 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         notes=(f"{feat['model']}, {feat['cores']} cores",
                "narrow-float ceilings are the fastest result form measured: "
                + ", ".join(f"{dt} -> {v.get('result_dtype', dt)}" for dt, v in cal["matmul"].items()),
-               "transcendentals_per_s is the median of exp/tanh/log: "
+               "transcendentals_per_s is the median of exp/tanh/log"
+               + (" over independent elements: " if cal.get("transcendentals_throughput") else " (2-deep chains): ")
                + ", ".join(f"{k} {v['per_s']:.3g}/s" for k, v in tr.items())))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from partitioning.collectives import collective_time
 from workbench.cost.report import CostReport
-from workbench.hardware.spec import HardwareSpec, Interconnect, dtype_name
+from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, dtype_name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,19 +77,21 @@ class Prediction:
 def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own roof:
     flops at the peak of `peak_dtype` (on the host a kernel's dots at the measured rate for their size) plus its
-    transcendentals at the special-function rate, and its bytes at `bw` (a Prediction's memory_bw) as moved_seconds
-    moves them.
+    transcendentals at the special-function rate (on the host, a library fusion's at the rate measured inside one
+    where calibrated), and its bytes at `bw` (a Prediction's memory_bw) as moved_seconds moves them.
 
     On the host two more throughputs bound a kernel's compute where they are calibrated (workbench calibrate): the
-    elements its reductions consume at the rate XLA's reduction kernels reach (from the last-level cache when the
-    kernel runs from it or the host write-allocates, else from memory), and its float32 <-> narrow-float conversions
-    at the measured conversion rate; the compute term is the slowest of the three. Its strided transposes at the
-    measured transpose rate bound its memory term (transpose_seconds).
+    elements its reductions consume at the rate XLA's reduction kernels reach (from the cache when the kernel runs
+    mostly from it or the memory's read rate is measured by the sum itself, else from memory), and its float32 <->
+    narrow-float conversions at the measured conversion rate; the compute term is the slowest of the three. Its
+    strided transposes at the measured transpose rate bound its memory term (transpose_seconds).
 
-    A host kernel runs from the last-level cache when the program does (`bw` is the in-cache bandwidth) or when the
-    whole arrays it touches (KernelCost.footprint), times the `sharers` that run the same kernel on the host's cache
-    (the devices of a simulated mesh), fit in half of it: in a program its inputs were written moments before."""
+    A host kernel's bytes are priced at the levels of the memory hierarchy its working set fits (host_memory_seconds):
+    the whole arrays it touches (KernelCost.footprint) times the `sharers` that run the same kernel on the host's
+    caches (the devices of a simulated mesh); in a program its inputs were written moments before."""
     rate = spec.transcendentals_per_s
+    if spec.kind == "cpu" and k.library and spec.transcendentals_per_s_library:
+        rate = spec.transcendentals_per_s_library
     peak = spec.peak_flops[peak_dtype]
     t_trans = k.transcendentals / rate if rate else 0.0
     if spec.matmul_curve and k.dot_flops:
@@ -97,26 +99,95 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
     else:
         arith = k.flops / peak + t_trans
     in_cache = bool(spec.onchip_bw and bw == spec.onchip_bw)
-    if spec.kind == "cpu" and not in_cache and spec.onchip_bw and spec.onchip_bytes and k.footprint \
-            and k.footprint * max(sharers, 1) <= spec.onchip_bytes / 2:
-        in_cache, bw = True, spec.onchip_bw
-    # on a write-allocating host a reduction from memory reads at the rate moved_seconds prices its bytes at (the
-    # calibrated sum over the stream's buffer ran at 0.8–1.2× that rate here: it measures the memory, not the adds),
-    # so its compute bound is the in-cache reduction rate, where the memory does not bound it
-    red_rate = spec.reduce_per_s_cached if (in_cache or spec.write_allocate) else spec.reduce_per_s
+    if spec.kind == "cpu":
+        t_mem, memory_share = host_memory_seconds(k, spec, bw, sharers)
+        in_cache = in_cache or memory_share < 0.5
+    else:
+        t_mem = moved_seconds(k, spec, bw, in_cache)
+    # where the memory's read rate is the calibrated sum over the stream's buffer (or the host write-allocates, whose
+    # reads are priced from the stream), a reduction from memory reads at the rate its bytes are already priced at:
+    # its compute bound is the in-cache reduction rate, where the memory does not bound it
+    reads_priced = spec.write_allocate or bool(spec.memory_read_ratio)
+    red_rate = spec.reduce_per_s_cached if (in_cache or reads_priced) else spec.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / spec.convert_per_s if (spec.convert_per_s and k.convert_elements) else 0.0
-    return max(arith, t_red, t_conv), max(moved_seconds(k, spec, bw, in_cache), transpose_seconds(k, spec, in_cache))
+    compute = max(arith, t_red, t_conv)
+    if spec.kind == "cpu" and k.dependent_passes:  # one pass after another (roof_seconds): their work adds
+        compute = arith + t_red + t_conv
+    return compute, max(t_mem, transpose_seconds(k, spec, in_cache))
+
+
+def memory_levels(spec: HardwareSpec, bw: float) -> list[MemoryLevel]:
+    """The host's memory hierarchy as a kernel's bytes are priced, smallest first: its measured caches
+    (HardwareSpec.cache_levels; a calibration without them: the last-level cache at the in-cache stream), then the
+    memory (unbounded) at `bw` with the measured read ratio (without one: 1.5 on a write-allocating host, whose
+    fresh lines are read before they are written, else 1)."""
+    levels = [lv for lv in (spec.cache_levels or ()) if lv.bw > 0 and lv.capacity > 0]
+    if not levels and spec.onchip_bw and spec.onchip_bytes:
+        levels = [MemoryLevel("LLC", float(spec.onchip_bytes), float(spec.onchip_bw), 1.0)]
+    levels.sort(key=lambda lv: lv.capacity)
+    ratio = spec.memory_read_ratio or (1.5 if spec.write_allocate else 1.0)
+    return levels + [MemoryLevel("memory", math.inf, bw, ratio)]
+
+
+def residency(working_set: float, levels: list[MemoryLevel]) -> list[tuple[MemoryLevel, float]]:
+    """(level, share of the kernel's traffic it serves): all of it from the smallest level that holds the whole
+    working set W; beyond a level of capacity C, the share it still serves is the hit rate h of a cyclic sweep over W
+    under random replacement (each miss evicts a random line, so a line survives the m·W misses between its reuses
+    with probability exp(−m·W / C): 1 − m = exp(−m·W / C)), the rest from the next level. No parameter: h is 1 at
+    W = C, 0.42 at 1.5·C, 0.2 at 2·C, 0.02 at 4·C; a kernel slightly larger than a cache is priced mostly from
+    it, a sweep over several times its size from the level beyond."""
+    w = max(working_set, 0.0)
+    for i, lv in enumerate(levels):
+        if w <= lv.capacity:
+            if i == 0 or w <= 0:
+                return [(lv, 1.0)]
+            h = sweep_hit_rate(w / levels[i - 1].capacity)
+            return [(levels[i - 1], h), (lv, 1.0 - h)]
+    return [(levels[-1], 1.0)]
+
+
+def sweep_hit_rate(ratio: float) -> float:
+    """The hit rate h = 1 − m of a cache under random replacement swept cyclically by a working set `ratio` times
+    its capacity: the root m in (0, 1] of 1 − m = exp(−m·ratio) (1 when ratio <= 1), by bisection."""
+    if ratio <= 1.0:
+        return 1.0
+    lo, hi = 0.0, 1.0  # f(m) = 1 − m − exp(−m·ratio): f(0) = 0 (the trivial root), f > 0 just above 0, f(1) < 0
+    lo = 1e-9
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if 1.0 - mid - math.exp(-mid * ratio) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return 1.0 - (lo + hi) / 2
+
+
+def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1) -> tuple[float, float]:
+    """(seconds, share of the traffic served from memory) of a host kernel's bytes: its working set (the whole
+    arrays it touches, KernelCost.footprint, else its bytes, times the `sharers` running it on the same caches)
+    placed in the hierarchy by `residency`, each level's share priced at that level's stream with its input/output
+    split (MemoryLevel.seconds). When the program runs from the cache (`bw` is the in-cache bandwidth) no kernel is
+    priced beyond the last-level cache."""
+    program_in_cache = bool(spec.onchip_bw and bw == spec.onchip_bw)
+    levels = memory_levels(spec, spec.hbm_bw if program_in_cache else bw)
+    w = (k.footprint or k.bytes) * max(sharers, 1)
+    if program_in_cache and len(levels) > 1:
+        w = min(w, levels[-2].capacity)
+    shares = residency(w, levels)
+    t = sum(h * lv.seconds(k.bytes_in, k.bytes_out) for lv, h in shares)
+    return t, sum(h for lv, h in shares if lv.name == "memory")
 
 
 def moved_seconds(k, spec: HardwareSpec, bw: float, in_cache: bool = False) -> float:
-    """A kernel's bytes in + out at `bw`, except on a host whose caches write-allocate (HardwareSpec.write_allocate)
-    when it runs from memory: there every line a kernel writes is first read in for ownership, so a kernel moves
-    bytes_in + 2·bytes_out, and the calibrated out-of-place stream, which counts 2 bytes for every 3 it moves, is
-    1.5 / 2 of the rate those bytes move at: t = (bytes_in + 2·bytes_out) / (1.5·bw). The stream itself prices the
-    same either way; a reduction (reads only) costs 2/3 of its bytes at `bw`, a broadcast (writes only) 4/3."""
-    if spec.write_allocate and not in_cache:
-        return (k.bytes_in + 2.0 * k.bytes_out) / (1.5 * bw)
+    """A kernel's bytes in + out at `bw`, except on a host from memory, where they move with the memory's
+    input/output split (memory_levels' last level): on a write-allocating host without a measured read rate every
+    line a kernel writes is first read in for ownership, so a kernel moves bytes_in + 2·bytes_out, and the calibrated
+    out-of-place stream, which counts 2 bytes for every 3 it moves, is 1.5 / 2 of the rate those bytes move at:
+    t = (bytes_in + 2·bytes_out) / (1.5·bw). The stream itself prices the same either way; a reduction (reads only)
+    costs 2/3 of its bytes at `bw`, a broadcast (writes only) 4/3."""
+    if spec.kind == "cpu" and not in_cache and (spec.write_allocate or spec.memory_read_ratio):
+        return memory_levels(spec, bw)[-1].seconds(k.bytes_in, k.bytes_out)
     return k.bytes / bw
 
 
@@ -157,12 +228,13 @@ def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None,
 
 def roof_seconds(k, spec: HardwareSpec, compute_s: float, memory_s: float) -> float:
     """One kernel's time from its compute and memory terms (kernel_roof): the larger, as the two overlap — except
-    on a CPU for a kernel without dots that walks its rows in dependent passes (a reduction it consumes again,
-    KernelCost.dependent_passes: a fused softmax). A core then streams a row in from memory for the reduction and
-    computes the passes that consume it over the row from cache, one after the other, so the two terms add
-    (docs/accuracy.md: a fused softmax over [8192,2048] ran 21 ms against 10 ms for its bytes and 9.8 ms for its
-    exponentials). Accelerators pipeline the rows of such a kernel through on-chip memory: there they overlap."""
-    if spec.kind == "cpu" and k.dependent_passes and not k.dot_flops:
+    on a CPU for a kernel that walks its rows in dependent passes (a reduction it consumes again,
+    KernelCost.dependent_passes: a fused softmax, a layernorm, an attention's softmax fused with the dot after it).
+    A core then streams a row in for the reduction, and computes the passes that consume it (the special functions,
+    the second reduction, the dot) over the row from cache, one after the other, so the terms add: kernel_roof sums
+    such a kernel's arithmetic, reductions and conversions, and this adds its memory (docs/accuracy.md). Accelerators
+    pipeline the rows of such a kernel through on-chip memory: there they overlap."""
+    if spec.kind == "cpu" and k.dependent_passes:
         return compute_s + memory_s
     return max(compute_s, memory_s)
 
@@ -177,9 +249,9 @@ def host_interconnect(spec: HardwareSpec, bw: float) -> Interconnect:
 
 def memory_bw(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool) -> tuple[float, str | None]:
     """(bytes/s, note): the in-cache bandwidth when the program's whole working set (all devices' on a simulated
-    mesh) fits in half the last-level cache, else the memory bandwidth."""
+    mesh) fits in the last-level cache, else the memory bandwidth."""
     footprint = cost.peak_memory_bytes * (cost.n_devices if (simulated_mesh or spec.kind == "cpu") else 1)
-    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes / 2:
+    if spec.onchip_bw and spec.onchip_bytes and 0 < footprint <= spec.onchip_bytes:
         return spec.onchip_bw, (f"working set {footprint / 2**20:.1f} MiB fits the {spec.onchip_bytes / 2**20:.0f} "
                                 "MiB last-level cache: memory priced at the measured in-cache bandwidth")
     return spec.hbm_bw, None
