@@ -48,6 +48,17 @@ def register(app: typer.Typer) -> None:
         print(f"  stream bandwidth   {s['bytes_per_s'] / 1e9:8.2f} GB/s (IQR {s['bytes_per_s_iqr'] / 1e9:.2f}; "
               + (f"samples {band[0] / 1e9:.2f}–{band[1] / 1e9:.2f}; " if band else "")
               + f"{s['buffer_bytes'] / 2**20:.0f} MiB buffers, read + write, out of place)")
+        if s.get("spread") is not None and band and (s["spread"] > 0.15 or s.get("stable") is False):
+            print(f"  warning: the memory stream is noisy: samples {band[0] / 1e9:.1f}–{band[1] / 1e9:.1f} GB/s "
+                  f"(spread {s['spread']:.0%} of the median, {len(s.get('samples') or [])} samples"
+                  + ("" if s.get("stable", True) else ", the last three never agreed within 15 %")
+                  + "); memory-bound predictions carry that band: calibrate again on a quieter machine")
+        for lv in cal.get("cache_levels") or []:
+            rate = (f"{lv['bytes_per_s'] / 1e9:8.2f} GB/s stream, reads ×{lv.get('read_ratio') or 1:.2f} "
+                    f"(spread {lv.get('spread', 0):.0%}{'' if lv.get('stable', True) else ', did not settle'})"
+                    if lv.get("bytes_per_s") else f"{'':8s} {lv.get('note', 'not timed')}")
+            print(f"  L{lv['level']} {lv['type'][:7]:7s} {lv['capacity_bytes'] / 2**20:9.2f} MiB "
+                  f"({lv['instances']} × {lv['size_bytes'] / 2**10:.0f} KiB) {rate}")
         if cal.get("stream_inplace"):
             wa = write_allocates(cal)
             print(f"  in-place stream    {cal['stream_inplace']['bytes_per_s'] / 1e9:8.2f} GB/s (output over its input; "
@@ -66,8 +77,12 @@ def register(app: typer.Typer) -> None:
         if tr.get("in_cache") and tr.get("from_memory"):
             print(f"  strided transpose  {tr['in_cache']['per_s'] / 1e9:8.2f} G elements/s in cache "
                   f"({tr['in_cache']['n']}²), {tr['from_memory']['per_s'] / 1e9:.2f} from memory ({tr['from_memory']['n']}²)")
+        indep = cal.get("transcendentals_throughput") or {}
         for k, v in cal["transcendentals"].items():
-            print(f"  {k:5s} throughput     {v['per_s'] / 1e9:8.2f} G/s")
+            extra = f" (independent: {indep[k]['per_s'] / 1e9:.2f})" if k in indep else ""
+            print(f"  {k:5s} chain          {v['per_s'] / 1e9:8.2f} G/s{extra}")
+        if (cal.get("transcendentals_library") or {}).get("per_s"):
+            print(f"  exp in a library fusion {cal['transcendentals_library']['per_s'] / 1e9:.2f} G/s")
         if (cal.get("kernel_launch") or {}).get("per_kernel_s"):
             print(f"  kernel launch      {cal['kernel_launch']['per_kernel_s'] * 1e6:8.2f} µs per kernel in a program")
         rv = cal.get("rendezvous") or {}

@@ -49,7 +49,7 @@ from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Sou
 from workbench.hardware.spec import get_spec as catalogue_spec
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 22
+CALIBRATION_VERSION = 23
 
 
 def cache_dir() -> str:
@@ -97,6 +97,80 @@ def _llc_bytes() -> int:
     return best
 
 
+def _size_bytes(text: str) -> int:
+    """'48K' / '1024K' / '32M' (sysfs) or '96 KiB' / '4 MiB' (lscpu) in bytes; 0 when unreadable."""
+    t = text.strip().split("(")[0].strip().replace("iB", "").replace("B", "").replace(" ", "")
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:].upper(), 1)
+    try:
+        return int(float(t.rstrip("KMGkmg")) * mult)
+    except ValueError:
+        return 0
+
+
+def _cpu_list(text: str) -> frozenset[int]:
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.update(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.add(int(part))
+    return frozenset(out)
+
+
+def cache_topology() -> list[dict[str, Any]]:
+    """The data and unified caches of the cores this process runs on, per level, from the OS: sysfs
+    (/sys/devices/system/cpu/cpu*/cache/index*/{level,type,size,shared_cpu_list}), else lscpu. Each: level, type,
+    size_bytes (one instance), instances (distinct instances among this process's cores), shared_cpu_list (of cpu0's
+    instance) and capacity_bytes = size × instances: what the process's cores hold at that level together (a per-core
+    L2 counts once per core, a shared L3 once)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    levels: dict[tuple[int, str], dict[str, Any]] = {}
+    for cpu in cpus:
+        base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
+        try:
+            names = sorted(n for n in os.listdir(base) if n.startswith("index"))
+        except OSError:
+            continue
+        for idx in names:
+            try:
+                rd = lambda f: open(os.path.join(base, idx, f)).read().strip()  # noqa: E731, SIM115
+                level, typ, size, shared = int(rd("level")), rd("type"), _size_bytes(rd("size")), rd("shared_cpu_list")
+            except (OSError, ValueError):
+                continue
+            if typ not in ("Data", "Unified") or not size:
+                continue
+            e = levels.setdefault((level, typ), {"level": level, "type": typ, "size_bytes": size, "sets": set(),
+                                                 "shared_cpu_list": shared, "source": "sysfs"})
+            e["sets"].add(_cpu_list(shared))
+    if not levels:
+        return _lscpu_caches()
+    out = []
+    for (level, typ), e in sorted(levels.items()):
+        n = len(e.pop("sets"))
+        out.append(dict(e, instances=n, capacity_bytes=e["size_bytes"] * n))
+    return out
+
+
+def _lscpu_caches() -> list[dict[str, Any]]:
+    """lscpu's 'L1d cache: 96 KiB (2 instances)' lines (the total over the instances) where sysfs has none."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key in ("L1d cache", "L2 cache", "L3 cache", "L4 cache"):
+            total = _size_bytes(val)
+            inst = int(val.split("(")[1].split()[0]) if "(" in val else 1
+            out.append({"level": int(key[1]), "type": "Data" if key == "L1d cache" else "Unified",
+                        "size_bytes": total // max(inst, 1), "instances": inst, "capacity_bytes": total,
+                        "shared_cpu_list": None, "source": "lscpu"})
+    return out
+
+
 def cpu_features() -> dict[str, Any]:
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
@@ -105,7 +179,7 @@ def cpu_features() -> dict[str, Any]:
             "family": int(info.get("cpu family", "0") or 0), "model_number": int(info.get("model", "0") or 0),
             "mhz": float(info.get("cpu MHz", "0") or 0), "max_mhz": _sysfs_max_mhz(),
             "cores": cores, "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))),
-            "llc_bytes": _llc_bytes(), "mem_bytes": _meminfo_bytes()}
+            "llc_bytes": _llc_bytes(), "mem_bytes": _meminfo_bytes(), "caches": cache_topology()}
 
 
 def fma_pipes(feat: dict) -> tuple[int, str]:
@@ -433,6 +507,127 @@ def _cache_reduce_convert_transpose(out: dict, xbig, bw_mid: float, dev, llc: in
     out["transpose"] = measure_transpose(dev, llc, reps, quiet, quick)
 
 
+STABLE_SPREAD = 0.10  # a memory sample is stable when its last three repeats lie within this of their median
+MAX_SAMPLES = 6
+
+
+def until_stable(sample, *, spread: float = STABLE_SPREAD, at_least: int = 3, at_most: int = MAX_SAMPLES) -> dict:
+    """Repeat `sample()` (a rate) until its last three values lie within `spread` of their median, or `at_most`
+    times: {'median' (of the last three), 'samples' (all), 'spread' ((max − min) / median of the last three),
+    'stable'}. A machine that never settles is reported, not averaged in."""
+    vals: list[float] = []
+    while True:
+        vals.append(sample())
+        last = sorted(vals[-3:])
+        med = last[len(last) // 2]
+        sp = (last[-1] - last[0]) / med if med > 0 else math.inf
+        if (len(vals) >= at_least and sp <= spread) or len(vals) >= at_most:
+            return {"median": med, "samples": vals, "spread": sp, "stable": sp <= spread}
+
+
+def _read_rate(x, reps: int) -> float:
+    """Bytes/s of a sum over x (reads only)."""
+    import jax
+
+    c = jax.jit(lambda v: v.sum()).lower(x).compile()
+    return x.size * x.dtype.itemsize / measure(c, x, warmup=1, repeats=reps).median_s
+
+
+def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool) -> tuple[list[dict], list[str]]:
+    """Per data/unified cache level of the OS's topology (cache_topology): the out-of-place stream over a working
+    set of half the level's capacity for this process (input and output together), repeated until stable
+    (until_stable), and a sum over the same input beside each sample (its read ratio: read bytes/s over the
+    stream's). A level under 256 KiB is listed without a rate: a kernel over it is its launch, not its bytes.
+    Returns (levels, findings: one line per level that did not settle)."""
+    import jax
+    import jax.numpy as jnp
+
+    out, findings = [], []
+    for c in caches:
+        lv = dict(c)
+        cap = int(c.get("capacity_bytes") or 0)
+        if c.get("type") not in ("Data", "Unified") or cap < 256 * 1024 or (quick and cap > 64 * 2**20):
+            lv["bytes_per_s"] = None
+            lv["note"] = "not timed: under 256 KiB (a kernel there is its launch)" if cap < 256 * 1024 else \
+                "not timed in a quick calibration"
+            out.append(lv)
+            continue
+        nel = max(cap // 4 // 4, 1 << 12)  # two buffers of a quarter of the capacity: half of it in all
+        x = jax.device_put(jax.random.normal(jax.random.key(6), (nel,), jnp.float32), dev)
+        _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (half its {cap / 2**20:.1f} MiB for "
+             "this process's cores; repeated until stable)", quiet)
+        reads: list[float] = []
+
+        def sample(x=x, reads=reads):
+            r = stream_out_of_place(x, 3, trips=(1, 17))["bytes_per_s"]
+            reads.append(_read_rate(x, 3) / r)
+            return r
+
+        st = until_stable(sample)
+        ratios = sorted(reads[-3:])
+        lv.update(bytes_per_s=st["median"], samples=st["samples"], spread=st["spread"], stable=st["stable"],
+                  read_ratio=ratios[len(ratios) // 2], read_ratios=reads, working_set_bytes=2 * nel * 4,
+                  counted="bytes read + bytes written (out-of-place stream); read_ratio: a sum's bytes/s over it")
+        if not st["stable"]:
+            lo, hi = min(st["samples"][-3:]), max(st["samples"][-3:])
+            findings.append(f"L{c['level']} stream did not settle in {len(st['samples'])} samples "
+                            f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s over the last three): the machine is noisy")
+        out.append(lv)
+        del x
+    return out, findings
+
+
+def _transcendental_throughput(vprobe, reps: int, quiet: bool) -> dict:
+    """Special functions' throughput over independent elements: four independent applications per element of the
+    in-cache probe array (no result feeds another), results/s per function. Unlike the 2-deep chains
+    (`transcendentals`), no application waits for another's result."""
+    import jax
+    import jax.numpy as jnp
+
+    xt = vprobe[1]
+    fns = {"exp": lambda v: jnp.exp(-v), "tanh": jnp.tanh, "log": lambda v: jnp.log(1.0 + v)}
+    out = {}
+    for name, op in fns.items():
+        _say(f"calibrate: {name} throughput (4 independent applications per element over {xt.size} in-cache "
+             "floats)", quiet)
+
+        def f(v, op=op):
+            return op(v) + op(v * 0.5 + 0.25) + op(v * 0.25 + 0.5) + op(1.0 - v * 0.5)
+
+        c = jax.jit(f).lower(xt).compile()
+        m = measure(c, xt, warmup=2, repeats=reps)
+        out[name] = {"per_s": 4 * xt.size / m.median_s, "spread": m.spread, "elements": int(xt.size),
+                     "independent": 4}
+    return out
+
+
+def _transcendental_library(dev, nel: int, reps: int, quiet: bool) -> dict:
+    """Exponentials/s inside a library fusion (XLA:CPU's YNN kernels, which fuse a softmax's passes): a row sum of
+    exp(x) against the row sum of x over the same in-cache [rows, 1024] array, alternating in three rounds; the extra
+    time is the exponentials' (nel / the extra time), or nel / the whole exp-sum time where the difference is lost in
+    the noise (under 5 %)."""
+    import jax
+    import jax.numpy as jnp
+
+    rows = max(nel // 1024, 1)
+    x = jax.device_put(jax.random.uniform(jax.random.key(7), (rows, 1024), jnp.float32, -1.0, 0.0), dev)
+    _say(f"calibrate: exp inside a library reduction fusion ([{rows}, 1024] in cache)", quiet)
+    progs = {"exp_sum": jax.jit(lambda v: jnp.exp(v).sum(-1)).lower(x).compile(),
+             "sum": jax.jit(lambda v: v.sum(-1)).lower(x).compile()}
+    times: dict[str, list[float]] = {k: [] for k in progs}
+    for r in range(3):
+        for k, c in progs.items():
+            times[k] += measure(c, x, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / 3)).times_s
+    t = {k: summarize(v, warmup=1, calls=1, compile_s=None).median_s for k, v in times.items()}
+    extra = t["exp_sum"] - t["sum"]
+    n = rows * 1024
+    kinds = {k: [kc.library for kc in parse_kernels(c.as_text())] for k, c in progs.items()}
+    return {"per_s": n / extra if extra > 0.05 * t["exp_sum"] else n / t["exp_sum"], "seconds": t,
+            "elements": n, "kernels": kinds,
+            "how": "row sums of exp(x) and of x over an in-cache [rows, 1024] float32 array, alternating in rounds: "
+                   "elements / extra time"}
+
+
 def _first_touch(xbig, st: dict, nel: int, reps: int, quiet: bool) -> dict:
     """What a fresh large output costs beyond a reused one (page faults), or a note that it costs nothing here."""
     import jax
@@ -495,12 +690,21 @@ def _call_costs(out: dict, dev, reps: int, quick: bool, quiet: bool) -> None:
         out["rendezvous"] = measure_rendezvous(8, 5)
 
 
-def _stream_drift(out: dict, stream_samples: list[float]) -> None:
-    """out['stream'] takes the median of its start, middle and end samples; a drift over 15 % is a finding."""
+def _stream_drift(out: dict, stream_samples: list[float], read_samples: list[float] | None = None) -> None:
+    """out['stream'] takes the median of its samples (start, middle, end, and more at the end until the last three
+    agree within 15 %, at most three more); `spread` is (max − min) / median of them all, `stable` whether the last
+    three agreed; a spread over 15 % is a finding (and a warning in `workbench calibrate`)."""
     lo, hi = min(stream_samples), max(stream_samples)
-    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi],
-                         bytes_per_s=sorted(stream_samples)[len(stream_samples) // 2],
-                         sampled="at the start, the middle and the end of the calibration; bytes_per_s is the median")
+    med = sorted(stream_samples)[len(stream_samples) // 2]
+    last = sorted(stream_samples[-3:])
+    out["stream"]["iqr_spread"] = out["stream"].get("spread")
+    out["stream"].update(samples=stream_samples, range_bytes_per_s=[lo, hi], bytes_per_s=med,
+                         spread=(hi - lo) / med if med > 0 else None,
+                         stable=bool(last[0] > 0 and last[-1] <= 1.15 * last[0]),
+                         sampled="at the start, the middle and the end of the calibration (more at the end until "
+                                 "the last three agree within 15 %); bytes_per_s is the median")
+    if read_samples:
+        out["stream"]["samples_read"] = read_samples
     if hi > 1.15 * lo:
         out["findings"].append(f"streaming bandwidth drifted {hi / lo - 1:.0%} across the calibration "
                                f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s): memory-bound predictions carry that band")
@@ -519,8 +723,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     nel = nbytes // 4
     # streaming bandwidth is sampled at the start, the middle and the end: a noisy VM drifts during the calibration
     few = max(3, reps // 3)
-    bw0, _, xbig = _stream_sample(nel, dev, few, quiet, "start")
-    stream_samples = [bw0]
+    bw0, st0, xbig = _stream_sample(nel, dev, few, quiet, "start")
+    stream_samples, read_samples = [bw0], [st0["read_bytes_per_s"]]
     n = 512 if quick else 2048
     probe = matmul_probe(n, dev)
     mm_samples = {"start": matmul_sample(probe, few, quiet, "start")}
@@ -535,11 +739,22 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["matmul_curves"], out["matmul_curve"] = _matmul_curves(n, mm, dev, reps, quick, quiet)
     bw_mid, st, xbig = _streams(out, nel, dev, reps, few, quiet, xbig)
     stream_samples.append(bw_mid)
+    read_samples.append(st["read_bytes_per_s"])
     _cache_reduce_convert_transpose(out, xbig, bw_mid, dev, llc, reps, quick, quiet)
+    out["cache_levels"], level_findings = measure_cache_levels(feat.get("caches") or [], dev, quick, quiet)
+    out["findings"] += level_findings
     out["first_touch"] = _first_touch(xbig, st, nel, reps, quiet)
     out["transcendentals"] = _transcendentals(vprobe, nel_t, reps, quiet)
+    out["transcendentals_throughput"] = _transcendental_throughput(vprobe, reps, quiet)
+    out["transcendentals_library"] = _transcendental_library(dev, nel_t, reps, quiet)
     _call_costs(out, dev, reps, quick, quiet)
-    stream_samples.append(_stream_sample(nel, dev, few, quiet, "end", xbig)[0])
+    for i in range(4):  # the end sample, and up to three more until the last three agree within 15 %
+        bw_end, st_end, _ = _stream_sample(nel, dev, few, quiet, "end" if i == 0 else f"end, again ({i})", xbig)
+        stream_samples.append(bw_end)
+        read_samples.append(st_end["read_bytes_per_s"])
+        last = sorted(stream_samples[-3:])
+        if last[-1] <= 1.15 * last[0]:
+            break
     del xbig
     mm_samples["end"] = matmul_sample(probe, few, quiet, "end")
     del probe
@@ -549,7 +764,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     del vprobe
     vec_samples["middle"] = out["transcendentals"]["exp"]["per_s"]
     out["findings"] += apply_vector_level(out, vec_samples)
-    _stream_drift(out, stream_samples)
+    _stream_drift(out, stream_samples, read_samples)
     out["findings"] += peak_findings(out)
     return out
 
@@ -674,7 +889,8 @@ def stream_out_of_place(x, reps: int, trips: tuple[int, int] = (1, 9)) -> dict:
 
 def _stream_sample(nel: int, dev, reps: int, quiet: bool, when: str, x=None):
     """(bytes/s, details, buffer) of the out-of-place streaming kernel over nel float32s (stream_out_of_place),
-    read + write counted."""
+    read + write counted; details['read_bytes_per_s'] is a sum over the same buffer timed right after it (the
+    memory's read rate at the same moment)."""
     import jax
     import jax.numpy as jnp
 
@@ -682,6 +898,7 @@ def _stream_sample(nel: int, dev, reps: int, quiet: bool, when: str, x=None):
     if x is None:
         x = jax.device_put(jax.random.normal(jax.random.key(2), (nel,), jnp.float32), dev)
     r = stream_out_of_place(x, reps)
+    r["read_bytes_per_s"] = _read_rate(x, reps)
     return r["bytes_per_s"], r, x
 
 
@@ -769,6 +986,9 @@ def vector_sample(probe, reps: int, quiet: bool = True, when: str = "now") -> fl
 # the streams are memory rates, sampled on their own)
 def _vector_figures(cal: dict) -> list[dict]:
     out = list((cal.get("transcendentals") or {}).values())
+    out += list((cal.get("transcendentals_throughput") or {}).values())
+    if (cal.get("transcendentals_library") or {}).get("per_s"):
+        out.append(cal["transcendentals_library"])
     if (cal.get("convert") or {}).get("per_s"):
         out.append(cal["convert"])
     if ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"):

@@ -66,6 +66,9 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
     chart = roofline_chart(rows, spec, os.path.join(out_dir, "roofline.png"),
                            title="Built-in ops on this host: measured (filled) and predicted (hollow)")
     noisy = [r["op"] for r in rows if r.get("wide_spread")]
+    stream_note = _stream_noise()
+    if stream_note:
+        print(stream_note)
     md = [f"# Workbench demo — {stamp}", "",
           f"Host: {' '.join(spec.notes[:1])}. Ceilings (measured by `workbench calibrate`): "
           + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in spec.peak_flops.items())
@@ -74,6 +77,7 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
           markdown_table(rows, cols), "",
           f"Median prediction error |predicted − measured| / measured: {med:.1%}" if med is not None else "", "",
           f"Noisy measurements (IQR > 25% of median): {', '.join(noisy)}" if noisy else "All measurements quiet.",
+          stream_note,
           "", "![roofline](roofline.png)", ""]
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write("\n".join(md))
@@ -81,3 +85,18 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
         json.dump(rows, f, indent=2, default=str)
     print(f"median prediction error {med:.1%}" if med is not None else "", f"report: {out_dir}/README.md, {chart}")
     return {"rows": rows, "median_error": med, "report": out_dir}
+
+
+def _stream_noise() -> str:
+    """A warning with the range when the calibration's memory stream samples spread over 15 % ('' otherwise)."""
+    from workbench.measure.calibrate import load_or_calibrate
+
+    try:
+        st = load_or_calibrate(run_if_missing=False).get("stream") or {}
+    except Exception:  # noqa: BLE001 - no calibration (an accelerator): nothing to say
+        return ""
+    band, spread = st.get("range_bytes_per_s"), st.get("spread")
+    if not band or spread is None or (spread <= 0.15 and st.get("stable", True)):
+        return ""
+    return (f"warning: the calibration's memory stream is noisy ({band[0] / 1e9:.1f}–{band[1] / 1e9:.1f} GB/s): "
+            "memory-bound ops' predictions carry that band")

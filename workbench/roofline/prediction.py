@@ -123,8 +123,8 @@ def memory_levels(spec: HardwareSpec, bw: float) -> list[MemoryLevel]:
     memory (unbounded) at `bw` with the measured read ratio (without one: 1.5 on a write-allocating host, whose
     fresh lines are read before they are written, else 1)."""
     levels = [lv for lv in (spec.cache_levels or ()) if lv.bw > 0 and lv.capacity > 0]
-    if not levels and spec.onchip_bw and spec.onchip_bytes:
-        levels = [MemoryLevel("LLC", float(spec.onchip_bytes), float(spec.onchip_bw), 1.0)]
+    if spec.onchip_bw and spec.onchip_bytes and not any(lv.capacity >= spec.onchip_bytes for lv in levels):
+        levels.append(MemoryLevel("LLC", float(spec.onchip_bytes), float(spec.onchip_bw), 1.0))
     levels.sort(key=lambda lv: lv.capacity)
     ratio = spec.memory_read_ratio or (1.5 if spec.write_allocate else 1.0)
     return levels + [MemoryLevel("memory", math.inf, bw, ratio)]
