@@ -17,8 +17,10 @@ def test_enumeration_covers_strategies_meshes_remat_microbatches():
     c = wplan.enumerate_candidates("small", "tpu-v5e:4x4", batch=64)
     keys = {(s.strategy, s.mesh, s.remat, s.microbatches) for s in c}
     assert len(keys) == len(c)  # no duplicates
-    assert {s.strategy for s in c} == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "pp", "pp+fsdp", "pp+tp",
-                                       "pp+fsdp+tp"}  # ep only for MoE models
+    assert {s.strategy for s in c} == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "cp", "fsdp+cp", "fsdp+tp+cp", "pp",
+                                       "pp+fsdp", "pp+tp", "pp+fsdp+tp"}  # ep only for MoE models
+    assert {s.mesh for s in c if s.strategy == "fsdp+cp"} == {"data=8,context=2", "data=4,context=4",
+                                                              "data=2,context=8"}
     assert {s.remat for s in c} == {"none", "per-layer", "offload"}
     assert {s.microbatches for s in c if not s.strategy.startswith("pp")} == {1, 2, 4}
     # pipelines: stage counts dividing n_layers=4 and 16 chips; p, 2p, 4p microbatches (>= the stages)

@@ -25,14 +25,14 @@ needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu no
     (dict(batch=6), "not divisible by the data axes"),
     (dict(batch=8, microbatches=3), "does not divide the per-shard batch"),
     (dict(mode="serve"), "unknown mode"),
-    (dict(seq=128), "learned position table"),
     (dict(mesh="data=2,model=4"), "has 4 chips"),
     (dict(mesh="dat=4"), "unknown mesh axis"),
     (dict(strategy="zero9"), "unknown strategy"),
     (dict(target="tpu-v5e:3x3"), "does not come in a 3x3"),
     (dict(preset="gpt5"), "unknown model preset"),
     (dict(strategy="ep"), "mixture-of-experts"),
-    (dict(remat="sometimes"), "choose none, per-layer, dots, minimal, offload or auto"),
+    (dict(remat="sometimes"), "unknown remat policy 'sometimes'; choose none, full, per-layer, dots, minimal"),
+    (dict(remat="query_proj=host"), "choose remat, device, offload"),
     (dict(shard_activations=True), "has none: use tp, fsdp+tp"),
 ])
 def test_bad_input_is_one_line(kw, words):
@@ -40,6 +40,12 @@ def test_bad_input_is_one_line(kw, words):
     with pytest.raises(WorkbenchError) as e:
         wp.prepare(spec)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_seq_beyond_a_learned_table_grows_it_with_a_note():
+    _, cfg, _, _, seq, notes = wp.prepare(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", seq=512, remat="minimal"))
+    assert seq == cfg.seq_len == 512 and cfg.remat == "minimal"
+    assert any("learned position table (64 rows)" in n for n in notes)
 
 
 def test_defaults():
