@@ -87,16 +87,22 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Option(..., "--preset", help="model preset (tiny, small, llama3-8b, ...)"),
         target: str = typer.Option(..., "--target", help="tpu-v5e:4x4, tpu-v4:2x2x1, tpu-v5p:2x2x2, tpu-v6e:2x4, "
                                                          "h100:8, h200:16, b200:8 (see docs/targets.md)"),
-        strategy: str = typer.Option(..., "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep | pp | pp+fsdp | "
+        strategy: str = typer.Option(..., "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | cp | fsdp+cp | "
+                                     "fsdp+tp+cp (sequence over the `context` mesh axis) | ep | pp | pp+fsdp | "
                                      "pp+tp | pp+fsdp+tp"),
         mesh: Optional[str] = typer.Option(None, "--mesh", help="e.g. data=4,model=4 (default: the strategy's)"),
         batch: Optional[int] = typer.Option(None, "--batch", help="global batch in sequences (default 4 per chip)"),
         seq: Optional[int] = typer.Option(None, "--seq", help="sequence length (decode: KV-cache length)"),
         mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
-        remat: str = typer.Option("auto", "--remat", help="none | per-layer | dots | minimal (MaxText's: the weight "
-                                                          "matmuls' outputs saved, attention recomputed) | offload "
-                                                          "(layer inputs and q/k/v to host memory) | auto (the "
-                                                          "preset's; per-layer when that does not fit)"),
+        remat: str = typer.Option("auto", "--remat", help="none | full (= per-layer) | dots | MaxText's minimal, "
+                                                          "minimal_with_context, save_dot_except_mlpwi, "
+                                                          "save_dot_except_mlp, save_dot_with_context_except_mlp, "
+                                                          "save_qkv_proj, save_out_proj, qkv_proj_offloaded, "
+                                                          "minimal_offloaded | offload | torchtitan_selective_op | "
+                                                          "per tensor NAME=remat|device|offload,... (e.g. "
+                                                          "decoder_layer_input=offload,query_proj=offload; "
+                                                          "docs/models.md) | auto (the preset's; per-layer when "
+                                                          "that does not fit)"),
         microbatches: int = typer.Option(1, "--microbatches", help="gradient accumulation steps per train step (pp "
                                          "strategies: the pipeline's microbatches)"),
         pipeline_repeats: int = typer.Option(1, "--pipeline-repeats", help="pp strategies: virtual stages per "

@@ -78,7 +78,8 @@ class RunOptions:
 def run_cmd(
     ctx: typer.Context,
     preset: str = typer.Option(..., "--preset", help="model preset (see `workbench model-info`)"),
-    strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | ep | pp | pp+fsdp | "
+    strategy: str = typer.Option("dp", "--strategy", help="dp | fsdp | tp | fsdp+tp | sp | cp | fsdp+cp | fsdp+tp+cp "
+                                 "(sequence over the `context` mesh axis: docs/distributed.md) | ep | pp | pp+fsdp | "
                                  "pp+tp | pp+fsdp+tp (pipeline over the `stage` mesh axis: docs/pipeline.md)"),
     mesh: Optional[str] = typer.Option(None, "--mesh", help="mesh spec, e.g. data=2,model=4 (default: data=N)"),
     devices: Optional[int] = typer.Option(None, "--devices", help="simulate N CPU devices (set before JAX starts; "
