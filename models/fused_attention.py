@@ -8,8 +8,9 @@ beside the model's own einsums ('dot', models/layers.py Attention.attend).
 - `splash_attention`: JAX's Pallas TPU splash attention (jax.experimental.pallas.ops.tpu.splash_attention, causal
   mask, grouped-query heads, its own forward and backward kernels), run per device in shard_map over the batch and
   head axes as MaxText runs it. Compiles for TPUs only (Mosaic); `interpret=True` runs it on the CPU for tests.
-- `flash_attention`: JAX's Pallas GPU flash attention (jax.experimental.pallas.ops.gpu.attention.mha, Triton);
-  grouped-query heads are repeated to the query heads first (the kernel takes equal head counts).
+- `flash_attention`: JAX's Pallas GPU flash attention (jax.experimental.pallas.ops.gpu.attention.mha, Triton;
+  deprecated upstream in favour of tokamax); grouped-query heads are repeated to the query heads first (the kernel
+  takes equal head counts).
 - `cudnn_attention`: jax.nn.dot_product_attention with implementation 'cudnn' or 'xla'.
 
 All take q (b, t, n, h) and k, v (b, s, k, h) with n a multiple of k, positions 0..t-1 on both sides (self-attention,
@@ -17,8 +18,11 @@ t == s), and return (b, t, n, h) in q's dtype. Products accumulate in float32; t
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -162,9 +166,9 @@ def splash_block(t: int) -> int:
     return min(SPLASH_BLOCK, t)
 
 
-@functools.lru_cache(maxsize=64)
 def _splash_kernel(t: int, heads: int, interpret: bool):
-    """A causal splash kernel for `heads` query heads of t positions (the mask's block tables are numpy, built once)."""
+    """A causal splash kernel for `heads` query heads of t positions. Made at trace time on every call (its block
+    tables become arrays of the trace they are made in; splash caches the numpy mask processing itself)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     blk = splash_block(t)
@@ -174,10 +178,16 @@ def _splash_kernel(t: int, heads: int, interpret: bool):
     return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
+SPLASH_CAUSAL_SCOPE = "splash_causal"  # named scope around the causal kernels: the HLO reader reads the mask from it
+
+
 def _splash_local(q_bnth, k_bkth, v_bkth, interpret: bool):
-    """Splash attention on one device's shard: the kernel takes one sequence, vmapped over the batch."""
+    """Splash attention on one device's shard: the kernel takes one sequence, vmapped over the batch. The calls carry
+    SPLASH_CAUSAL_SCOPE in their op_name (the kernels declare no cost: workbench/cost/hlo.py splash_cost counts the
+    causal mask's blocks from it)."""
     kernel = _splash_kernel(q_bnth.shape[2], q_bnth.shape[1], interpret)
-    return jax.vmap(kernel)(q_bnth, k_bkth, v_bkth)
+    with jax.named_scope(SPLASH_CAUSAL_SCOPE):
+        return jax.vmap(kernel)(q_bnth, k_bkth, v_bkth)
 
 
 def _axes_of(spec_entry) -> tuple[str, ...]:
@@ -231,7 +241,9 @@ def splash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
 def flash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
     """Causal attention by JAX's Pallas GPU flash kernel (forward and backward kernels, its custom VJP). The kernel
     takes as many key/value heads as query heads: grouped-query heads are repeated first."""
-    from jax.experimental.pallas.ops.gpu import attention as pga
+    with warnings.catch_warnings():  # deprecated upstream in favour of tokamax (docs/models.md says why not here)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as pga
 
     b, t, n, h = q_btnh.shape
     kh = k_bskh.shape[2]
@@ -252,9 +264,25 @@ def flash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
 FUSED = ("blocked", "splash", "flash", "xla", "cudnn")  # the implementations this module runs ('dot': the model's own)
 
 
-def fused_attention(impl: str, q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
+_interpret = threading.local()
+
+
+@contextlib.contextmanager
+def interpret_kernels(on: bool = True):
+    """While active (at trace time), the Pallas kernels (splash, flash) run in interpret mode: on the CPU, for tests
+    that compare them with the model's own attention."""
+    prev = getattr(_interpret, "on", False)
+    _interpret.on = on
+    try:
+        yield
+    finally:
+        _interpret.on = prev
+
+
+def fused_attention(impl: str, q_btnh, k_bskh, v_bskh, *, interpret: bool | None = None):
     """Causal self-attention by implementation `impl` (one of FUSED). interpret: the Pallas kernels (splash, flash)
-    in interpret mode (CPU tests)."""
+    in interpret mode (CPU tests); None: as interpret_kernels says (off outside it)."""
+    interpret = getattr(_interpret, "on", False) if interpret is None else interpret
     if impl == "blocked":
         return blocked_attention(q_btnh, k_bskh, v_bskh)
     if impl == "splash":

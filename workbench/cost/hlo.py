@@ -148,8 +148,18 @@ def parse_module(text: str) -> Module:
     comps: dict[str, list[Instr]] = {}
     entry = ""
     cur = None
+    pending = ""  # an instruction whose attributes run over several lines (a Pallas kernel's frontend attributes)
     for line in text.splitlines():
         s = line.strip()
+        if pending:
+            pending += "\n" + line
+            if pending.count("{") <= pending.count("}"):
+                s, pending = pending, ""
+            else:
+                continue
+        elif cur is not None and " = " in s and s.count("{") > s.count("}"):
+            pending = s
+            continue
         if not s or s.startswith("//"):
             continue
         if s.endswith("{") and ("->" in s or s.startswith("ENTRY") or s.startswith("%")) and " = " not in s.split("(")[0]:
@@ -577,16 +587,78 @@ def conv_call_cost(ins: Instr, shapes: dict[str, Shape], roles: tuple[str, str, 
     return CallCost(2.0 * n * k, 0.0, 2.0 * n * k, (max(n, 1) * k) ** (1.0 / 3.0))
 
 
+# JAX's Pallas TPU splash attention (jax/experimental/pallas/ops/tpu/splash_attention): its kernels are named
+# splash_{mha,mqa}_{fwd,dq,dkv}... (get_kernel_name) and declare no cost estimate. The products each kernel runs per
+# visited (query block, key block) pair: fwd Q·Kᵀ and P·V; dq Q·Kᵀ (recomputed), dO·Vᵀ and dS·K; dkv Q·Kᵀ and dO·Vᵀ
+# (recomputed), Pᵀ·dO and dSᵀ·Q; one exponential per visited score in each
+SPLASH_KERNEL = re.compile(r"splash_(mha|mqa)_(fwd|dq|dkv)")
+SPLASH_PRODUCTS = {"fwd": 2, "dq": 3, "dkv": 4}
+SPLASH_BLOCKS = {"fwd": ("block_q", "block_kv"), "dq": ("block_q_dq", "block_kv_dq"),
+                 "dkv": ("block_q_dkv", "block_kv_dkv")}
+# the named scope models/fused_attention.py puts around its causal splash calls (the mask is not in the HLO)
+SPLASH_CAUSAL_SCOPE = "splash_causal"
+FLOAT_DTYPES = frozenset(d for d in DTYPE_BYTES if d.startswith(("f", "bf")))
+
+
+def causal_block_fraction(t: int, s: int, bq: int, bkv: int) -> float:
+    """The share of (query block, key block) pairs a causal mask leaves to compute (queries and keys at positions
+    0..t-1 and 0..s-1, the last query at the last key): a block runs when its first key precedes its last query."""
+    nq, nk = -(-t // bq), -(-s // bkv)
+    off = s - t
+    visited = sum(min(nk, (min((i + 1) * bq, t) - 1 + off) // bkv + 1) for i in range(nq))
+    return visited / (nq * nk)
+
+
+def splash_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
+    """A splash attention kernel (SPLASH_KERNEL in its name or op_name), priced analytically: q, k, v are its first
+    three floating operands ((..., n, t, h) and (..., k, s, h), or their sequence-minor layouts as the kernel's
+    xprof_metadata says); each product of SPLASH_PRODUCTS costs 2·|q|·s, times the share of blocks a causal mask
+    visits (causal_block_fraction, at the kernel's block sizes) when the call carries SPLASH_CAUSAL_SCOPE, the full
+    matrix otherwise; one exponential per visited score. None when the operands cannot be read."""
+    op_name = re.search(r'op_name="([^"]+)"', ins.attrs)
+    m = SPLASH_KERNEL.search(ins.name) or (SPLASH_KERNEL.search(op_name.group(1)) if op_name else None)
+    if m is None:
+        return None
+    floats = [shapes[o] for o in ins.operands if o in shapes and shapes[o].dtype in FLOAT_DTYPES]
+    if len(floats) < 3 or len(floats[0].dims) < 2 or len(floats[1].dims) < 2:
+        return None
+    meta = re.search(r'xprof_metadata\\*"?\s*:\s*"(\{.*?\})"', ins.attrs)
+    try:
+        blocks = json.loads(meta.group(1).replace('\\"', '"')) if meta else {}
+    except ValueError:
+        blocks = {}
+    q, k = floats[0], floats[1]
+    seq_minor = lambda key: blocks.get(key) == 2  # QKVLayout.SEQ_MINOR: (..., h, t)
+    t = q.dims[-1] if seq_minor("q_layout") else q.dims[-2]
+    s = k.dims[-1] if seq_minor("k_layout") else k.dims[-2]
+    kind = m.group(2)
+    bq, bkv = (int(blocks.get(key) or 0) for key in SPLASH_BLOCKS[kind])
+    causal = op_name is not None and SPLASH_CAUSAL_SCOPE in op_name.group(1)
+    frac = causal_block_fraction(t, s, bq or t, bkv or s) if causal else 1.0
+    h = q.dims[-2] if seq_minor("q_layout") else q.dims[-1]
+    scores = q.elements // max(h, 1) * s  # batch × heads × t × s
+    product = 2.0 * q.elements * s * frac  # one (..., n, t, h) × (s) product over the visited blocks
+    dots = SPLASH_PRODUCTS[kind] * product
+    trans = scores * frac
+    mask = f"causal mask: {frac:.0%} of the {bq or t}x{bkv or s} blocks" if causal else "mask unknown: every block"
+    note = (f"splash_{m.group(1)}_{kind}: analytic count (the kernel declares no cost): {SPLASH_PRODUCTS[kind]} "
+            f"products, {mask}")
+    return CallCost(dots + trans, trans, dots, (product / 2.0) ** (1.0 / 3.0), note)
+
+
 def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     """What one execution of a custom call computes, or None when the reader cannot say (custom_calls lists those):
     a declared cost estimate (custom_call_cost); a cuBLAS gemm (gemm_cost); cuDNN attention (fmha_cost) or
-    convolution (conv_call_cost); a call known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
+    convolution (conv_call_cost); a Pallas TPU splash attention kernel without one (splash_cost, analytic); a call
+    known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
     target = custom_call_target(ins.attrs)
     if has_cost_estimate(ins.attrs):
         f, t = custom_call_cost(ins.attrs)
         return CallCost(f, t)
     if target in ZERO_FLOP_CUSTOM_CALLS:
         return CallCost()
+    if target == "tpu_custom_call":
+        return splash_cost(ins, shapes)
     if target in CUBLAS_GEMM_TARGETS or target.startswith("__cublas$"):
         return gemm_cost(ins, shapes, backend_config(ins.attrs))
     if target.startswith(CUDNN_FMHA_PREFIX):
@@ -605,27 +677,30 @@ class CustomCallUse:
     count: int
     priced: bool
     note: str = ""
+    analytic: bool = False  # priced by the reader's count of a call that declares none and does arithmetic: the
+    #                         compiler's cost_analysis does not hold its work (a Pallas TPU kernel without an estimate)
 
 
 def custom_calls(text: str, mod: Module | None = None) -> list[CustomCallUse]:
-    """Every custom call the device runs (unfused, or inside a fusion), grouped by (target, priced, note), with its
-    executions per run (loop bodies × trip counts)."""
+    """Every custom call the device runs (unfused, or inside a fusion), grouped by (target, priced, note, analytic),
+    with its executions per run (loop bodies × trip counts)."""
     mod = mod or parse_module(text)
     shapes = _array_shapes(mod)
-    found: dict[tuple[str, bool, str], int] = {}
+    found: dict[tuple[str, bool, str, bool], int] = {}
 
     def walk(body: list[Instr], count: int, depth: int = 0) -> None:
         for ins in body:
             if ins.opcode == "custom-call":
                 c = price_custom_call(ins, shapes)
-                key = (custom_call_target(ins.attrs) or "?", c is not None, c.note if c else "")
+                analytic = c is not None and c.flops > 0 and not has_cost_estimate(ins.attrs)
+                key = (custom_call_target(ins.attrs) or "?", c is not None, c.note if c else "", analytic)
                 found[key] = found.get(key, 0) + count
             elif ins.opcode == "fusion" and depth < 4:
                 walk(mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []), count, depth + 1)
 
     for comp, m in _multiplicities(mod).items():
         walk(mod.computations.get(comp, []), m)
-    return [CustomCallUse(t, n, p, note) for (t, p, note), n in sorted(found.items())]
+    return [CustomCallUse(t, n, p, note, a) for (t, p, note, a), n in sorted(found.items())]
 
 
 def unpriced_custom_calls(text: str, mod: Module | None = None) -> dict[str, int]:

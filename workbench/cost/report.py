@@ -7,7 +7,8 @@ Sources, each kept apart so they can be compared:
 - XLA `memory_analysis()`: argument, output, temp and alias bytes → per-device peak = args + outputs + temps − aliases.
 - The optimized HLO text (workbench.cost.hlo): every kernel (fusion or unfused op) with bytes in/out and estimated flops,
   and every collective with payload, dtype, group size and mesh axes. Kernels inside loops count trip-count times.
-  Custom calls the reader cannot price are listed in `unpriced_custom_calls` (their work is missing from the sums).
+  Custom calls the reader cannot price are listed in `unpriced_custom_calls` (their work is missing from the sums);
+  those it prices by its own count (a kernel that declares no cost, e.g. splash attention) in `analytic_custom_calls`.
 - The analytic count of the unoptimized program (workbench.cost.analytic; jax.experimental.roofline), for the whole
   (global) program: divide by n_devices to compare with a fully partitioned per-device count.
 """
@@ -64,6 +65,9 @@ class CostReport:
     cost_analysis_unavailable: tuple[str, ...] = ()
     # custom call targets the HLO reader cannot price, with executions per run: their work is in no flop count
     unpriced_custom_calls: tuple[tuple[str, int], ...] = ()
+    # custom call targets the HLO reader priced by its own count (hlo.CustomCallUse.analytic: kernels that declare no
+    # cost, e.g. Pallas splash attention), with executions per run: the compiler's cost_analysis lacks their work
+    analytic_custom_calls: tuple[tuple[str, int], ...] = ()
 
     # -- derived -------------------------------------------------------------------------------------------------
     @property
@@ -94,8 +98,10 @@ class CostReport:
         """Whether the HLO kernel sums (trip-count scaled) replace the compiler's program-level counts: XLA's
         cost_analysis counts a loop body once, so a program with loops whose kernels add up to more than 1.5x the
         compiler's flops is counted from its kernels; and a program whose compiler gave no flops (XLA:GPU) is
-        counted from its kernels. The one place this rule lives."""
-        return ("flops" in self.cost_analysis_unavailable) or (self.has_loops and self.hlo_flops > 1.5 * self.flops)
+        counted from its kernels; and so is a program with custom calls only the reader prices (analytic_custom_calls:
+        cost_analysis does not hold their work). The one place this rule lives."""
+        return ("flops" in self.cost_analysis_unavailable) or bool(self.analytic_custom_calls) \
+            or (self.has_loops and self.hlo_flops > 1.5 * self.flops)
 
     @property
     def counted_flops(self) -> float:
@@ -159,7 +165,8 @@ class CostReport:
             n_devices=self.n_devices, compute_dtype=self.compute_dtype, platform=self.platform,
             notes=tuple(dict.fromkeys(self.notes + o.notes)),
             cost_analysis_unavailable=tuple(dict.fromkeys(self.cost_analysis_unavailable + o.cost_analysis_unavailable)),
-            unpriced_custom_calls=_merge_counts(self.unpriced_custom_calls, o.unpriced_custom_calls))
+            unpriced_custom_calls=_merge_counts(self.unpriced_custom_calls, o.unpriced_custom_calls),
+            analytic_custom_calls=_merge_counts(self.analytic_custom_calls, o.analytic_custom_calls))
 
     def __radd__(self, o):
         if o == 0:  # sum([...])
@@ -180,6 +187,7 @@ class CostReport:
                                                                        for k in self.cost_analysis_unavailable},
             "cost_analysis_unavailable": list(self.cost_analysis_unavailable),
             "unpriced_custom_calls": dict(self.unpriced_custom_calls),
+            "analytic_custom_calls": dict(self.analytic_custom_calls),
             "hlo_flops": self.hlo_flops, "hlo_bytes": self.hlo_bytes, "hlo_transcendentals": self.hlo_transcendentals,
             "intensity": self.intensity if math.isfinite(self.intensity) else None,
             "memory": {"argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
@@ -241,6 +249,7 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
         notes.append("custom calls the HLO reader cannot price (their work is in no flop count): "
                      + ", ".join(f"{t} ×{n}" for t, n in unpriced))
     notes.extend(dict.fromkeys(u.note for u in calls if u.note))
+    analytic_calls = _merge_counts(tuple((u.target, u.count) for u in calls if u.analytic))
     # the compiler's counts; where unavailable, the reader's sums over the kernels (trip-count scaled)
     hlo_sums = {"flops": sum(k.flops * k.count for k in kernels),
                 "bytes accessed": sum(k.bytes * k.count for k in kernels),
@@ -280,8 +289,13 @@ def costs_from_compiled(compiled, *, n_devices: int | None = None, mesh=None, an
                      generated_code_bytes=mem.get("generated_code", 0.0), kernels=kernels, collectives=colls,
                      large_output_bytes=float(large),
                      analytic=analytic, n_devices=n_devices, compute_dtype=compute_dtype, platform=platform,
-                     notes=tuple(notes), cost_analysis_unavailable=unavailable, unpriced_custom_calls=unpriced)
-    if rep.uses_hlo_counts and not unavailable:
+                     notes=tuple(notes), cost_analysis_unavailable=unavailable, unpriced_custom_calls=unpriced,
+                     analytic_custom_calls=analytic_calls)
+    if analytic_calls and not unavailable:
+        rep = dataclasses.replace(rep, notes=rep.notes + (
+            "custom calls priced by the HLO reader's own count (" + ", ".join(f"{t} ×{n}" for t, n in analytic_calls)
+            + "): XLA cost_analysis does not hold their work; predictions use the HLO kernel sums",))
+    elif rep.uses_hlo_counts and not unavailable:
         rep = dataclasses.replace(rep, notes=rep.notes + (
             "program has loops: XLA cost_analysis counts a loop body once; predictions use the HLO kernel sums "
             "(trip-count scaled)",))

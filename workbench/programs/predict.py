@@ -362,7 +362,7 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     grid = topo.device_grid(devices, tuple(axes.values()))
     mesh = make_mesh(axes, devices=list(grid.flat))
     if spec.mode == "train":  # attention 'auto' made concrete for the devices compiled for (the record says which)
-        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype)
+        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype, seq)
     t0 = time.perf_counter()
     step, args, state = _build_program(cfg, spec, mesh, batch, seq)
     state_b = _shard_bytes(state)
