@@ -323,26 +323,32 @@ def greedy_generate(steps: Steps, prompts_bt, n_new: int, max_len: int):
     return np.concatenate([np.asarray(prompts_bt), np.stack([np.asarray(o) for o in out], axis=1)], axis=1)
 
 
-def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k: int, max_len: int):
-    """Greedy speculative decoding of n_new tokens per row. Returns (tokens (b, t + n_new), stats): rounds, drafted
-    and accepted tokens, acceptance rate (accepted / drafted), tokens per round."""
+def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k: int, max_len: int,
+                         temperature: float = 0.0, seed: int = 0):
+    """Speculative decoding of n_new tokens per row. temperature 0: greedy (the output is the target's greedy
+    output); above 0: exact rejection sampling (Leviathan et al. 2023: a proposal x is kept with probability
+    min(1, p(x)/q(x)), a rejection resamples from max(0, p − q) normalised, so every token is distributed as the
+    target's own sampling at that temperature). Returns (tokens (b, t + n_new), stats): rounds, drafted and accepted
+    tokens, acceptance rate (accepted / drafted), tokens per round."""
     if k < 1:
         raise WorkbenchError(f"--draft-tokens must be >= 1, got {k}")
     b, t = prompts_bt.shape
     if t + n_new + k + 1 > max_len:
         raise WorkbenchError(f"prompt {t} + {n_new} new + {k + 1} speculative positions exceed the cache ({max_len})")
-    key = ("speculative", id(draft), k)
+    key = ("speculative", id(draft), k, float(temperature))
     if key not in target.jitted:
-        target.jitted[key] = speculative_steps(target, draft, k)
+        target.jitted[key] = speculative_steps(target, draft, k, temperature)
     fns = target.jitted[key]
     tc, dc = target.init_cache(b, max_len), draft.init_cache(b, max_len)
     lengths = jnp.full((b,), t, jnp.int32)
-    cur, tc = fns["prefill_target"](target.params, target.rest, prompts_bt, lengths, tc)
-    _, dc = fns["prefill_draft"](draft.params, draft.rest, prompts_bt, lengths, dc)
+    rng = jax.random.key(seed)
+    cur, tc = fns["prefill_target"](target.params, target.rest, prompts_bt, lengths, tc, jax.random.fold_in(rng, 0))
+    _, dc = fns["prefill_draft"](draft.params, draft.rest, prompts_bt, lengths, dc, jax.random.fold_in(rng, 0))
     out = [list(map(int, row)) + [int(c)] for row, c in zip(np.asarray(prompts_bt), np.asarray(cur))]
     rounds = drafted = accepted = 0
     while min(len(o) for o in out) < t + n_new:
-        emitted, n_acc, tc, dc = fns["round"](target.params, target.rest, draft.params, draft.rest, cur, tc, dc)
+        emitted, n_acc, tc, dc = fns["round"](target.params, target.rest, draft.params, draft.rest, cur, tc, dc,
+                                              jax.random.fold_in(rng, rounds + 1))
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
         for i in range(b):
             out[i].extend(int(x) for x in emitted[i, :n_acc[i] + 1])
@@ -356,30 +362,56 @@ def speculative_generate(target: Steps, draft: Steps, prompts_bt, n_new: int, k:
                     "tokens_per_round": (accepted + b * rounds) / (b * rounds) if rounds else 0.0}
 
 
-def speculative_steps(target: Steps, draft: Steps, k: int) -> dict:
+def _probs(logits, temperature: float):
+    return jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+
+
+def _pick(logits, key, temperature: float):
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits.astype(jnp.float32) / temperature, axis=-1).astype(jnp.int32)
+
+
+def speculative_steps(target: Steps, draft: Steps, k: int, temperature: float = 0.0) -> dict:
     """The jitted functions of one speculative round (caches donated)."""
 
     def prefill(steps):
-        def fn(params, rest, tokens_bt, lengths_b, cache):
+        def fn(params, rest, tokens_bt, lengths_b, cache, key):
             logits, cache = steps.prefill(params, rest, tokens_bt, lengths_b, cache)
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+            return _pick(logits, key, temperature), cache
         return jax.jit(fn, donate_argnums=4)
 
-    def one_round(tp, tr, dp, dr, cur_b, tcache, dcache):
+    def one_round(tp, tr, dp, dr, cur_b, tcache, dcache, key):
         start_t, start_d = tcache["lengths"], dcache["lengths"]
-        proposals, tok = [], cur_b
-        for _ in range(k + 1):  # the (k+1)-th feeds the last proposal in, so the draft's cache holds all k
+        proposals, q, tok = [], [], cur_b
+        for i in range(k + 1):  # the (k+1)-th feeds the last proposal in, so the draft's cache holds all k
             logits, dcache = draft.decode(dp, dr, tok, dcache)
-            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            tok = _pick(logits, jax.random.fold_in(key, i), temperature)
             proposals.append(tok)
+            q.append(_probs(logits, temperature) if temperature else None)
         d_bk = jnp.stack(proposals[:k], axis=1)
         logits_btv, tcache = target.verify(tp, tr, jnp.concatenate([cur_b[:, None], d_bk], axis=1), tcache)
-        g_bt = jnp.argmax(logits_btv, axis=-1).astype(jnp.int32)  # the target's choice after each position
-        agree = jnp.cumprod((g_bt[:, :k] == d_bk).astype(jnp.int32), axis=1)
-        n_b = agree.sum(axis=1)  # accepted proposals per row
+        if temperature == 0:
+            g_bt = jnp.argmax(logits_btv, axis=-1).astype(jnp.int32)  # the target's choice after each position
+            keep_bk = g_bt[:, :k] == d_bk
+            fix_b = lambda n_b: jnp.take_along_axis(g_bt, n_b[:, None], axis=1)[:, 0]
+        else:
+            p_btv = _probs(logits_btv, temperature)
+            q_bkv = jnp.stack(q[:k], axis=1)
+            p_d = jnp.take_along_axis(p_btv[:, :k], d_bk[..., None], axis=-1)[..., 0]
+            q_d = jnp.take_along_axis(q_bkv, d_bk[..., None], axis=-1)[..., 0]
+            u_bk = jax.random.uniform(jax.random.fold_in(key, k + 1), d_bk.shape)
+            keep_bk = u_bk * q_d < p_d  # u < p/q, without dividing by a zero q
+            # after a rejection at i: max(0, p_i − q_i); after all k accepted: p_k itself
+            resid = jnp.concatenate([jnp.maximum(p_btv[:, :k] - q_bkv, 0.0), p_btv[:, k:]], axis=1)
+
+            def fix_b(n_b):
+                r = jnp.take_along_axis(resid, n_b[:, None, None], axis=1)[:, 0]
+                return jax.random.categorical(jax.random.fold_in(key, k + 2), jnp.log(r + 1e-30), axis=-1)
+        n_b = jnp.cumprod(keep_bk.astype(jnp.int32), axis=1).sum(axis=1)  # accepted proposals per row
         # emitted: the accepted proposals, then the target's own token at the first disagreement (or after all k)
         emitted = jnp.where(jnp.arange(k + 1)[None] < n_b[:, None], jnp.pad(d_bk, ((0, 0), (0, 1))),
-                            jnp.take_along_axis(g_bt, n_b[:, None], axis=1))
+                            fix_b(n_b).astype(jnp.int32)[:, None])
         tcache["lengths"] = start_t + n_b + 1
         dcache["lengths"] = start_d + n_b + 1
         return emitted, n_b, tcache, dcache

@@ -67,6 +67,8 @@ def register(app: typer.Typer) -> None:
                                                  "--checkpoint-dir DIR` saved (its newest step)"),
         paged: bool = typer.Option(False, "--paged", help="host: decode over a paged KV cache (page-table gather)"),
         page_size: int = typer.Option(16, "--page-size", help="positions per page of the paged cache"),
+        temperature: float = typer.Option(0.0, "--temperature", help="host: sampling temperature of speculation "
+                                          "(exact rejection sampling) and continuous batching; 0: greedy"),
         seed: int = typer.Option(0, "--seed"),
         plot: Optional[str] = typer.Option(None, "--plot", help="write the latency–throughput chart (PNG) here"),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
@@ -75,7 +77,8 @@ def register(app: typer.Typer) -> None:
         from workbench.programs.serve import ServeSpec, validate
 
         spec = ServeSpec(preset, target, _batches(batch), prompt_len, gen_len, quant, kv_dtype, policy, strategy,
-                         mesh, set_, draft, draft_tokens, requests, seed, checkpoint, paged, page_size)
+                         mesh, set_, draft, draft_tokens, requests, seed, checkpoint=checkpoint, paged=paged,
+                         page_size=page_size, temperature=temperature)
         validate(spec)
         if target != "host":
             from workbench.commands.predict import setup_target_devices

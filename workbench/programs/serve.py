@@ -21,7 +21,23 @@ from typing import Callable
 
 import numpy as np
 
+from models import inference
+from models.config import ModelConfig
+from models.inference import kv_dtype_name
+from models.paged import fragmentation
+from models.presets import get_config
+from models.serving import Engine, Request, Sampling, Steps, check_quant, greedy_generate, speculative_generate, weight_bytes
+from models.transformer import Transformer
+from workbench.cost.compile import compile_program
 from workbench.errors import WorkbenchError
+from workbench.hardware.hostmem import available_bytes, check_fits
+from workbench.measure.device import local_spec
+from workbench.measure.harness import measure_steps, timed
+from workbench.programs import predict as wp
+from workbench.programs.checkpoint import complete_steps
+from workbench.programs.data import get_batch, load_corpus
+from workbench.results.store import Store, make_record
+from workbench.roofline.prediction import predict
 
 SAY: Callable[[str], None] = lambda s: None
 
@@ -45,6 +61,7 @@ class ServeSpec:
     seed: int = 0
     checkpoint: str | None = None  # host: serve the weights a `workbench run --checkpoint-dir` saved
     paged: bool = False            # host: decode over a paged cache (page-table gather form)
+    temperature: float = 0.0       # host: sampling of speculation and continuous batching (0: greedy)
     page_size: int = 16
 
     @property
@@ -56,8 +73,6 @@ class ServeSpec:
 
 
 def validate(spec: ServeSpec) -> None:
-    from models.inference import kv_dtype_name
-    from models.serving import check_quant
 
     if not spec.batches or any(b < 1 for b in spec.batches):
         raise WorkbenchError(f"--batch takes positive sizes (e.g. 1,8,64); got {','.join(map(str, spec.batches))}")
@@ -69,6 +84,8 @@ def validate(spec: ServeSpec) -> None:
         raise WorkbenchError(f"--draft-tokens must be >= 1, got {spec.draft_tokens}")
     if spec.target != "host" and (spec.draft or spec.requests or spec.checkpoint or spec.paged):
         raise WorkbenchError("--draft, --requests, --checkpoint and --paged run on the host; use --target host")
+    if not spec.temperature >= 0:
+        raise WorkbenchError(f"--temperature must be >= 0, got {spec.temperature}")
     if spec.page_size < 1:
         raise WorkbenchError(f"--page-size must be >= 1, got {spec.page_size}")
     _host_config(spec, spec.preset)  # an unknown preset, bad overrides or a context beyond learned positions
@@ -89,7 +106,6 @@ def serve(spec: ServeSpec, say: Callable[[str], None] = SAY) -> dict:
 
 
 def _host_config(spec: ServeSpec, preset: str, extra: int = 0):
-    from models.presets import get_config
 
     cfg = get_config(preset, spec.overrides if preset == spec.preset else None)
     need = spec.max_len + extra
@@ -103,7 +119,6 @@ def _host_config(spec: ServeSpec, preset: str, extra: int = 0):
 
 def _prompts(batch: int, length: int, seed: int, vocab: int) -> np.ndarray:
     """Prompts from the standard-library corpus (byte-level), or random tokens for a model of another vocabulary."""
-    from workbench.programs.data import get_batch, load_corpus
 
     if vocab == 256:
         return get_batch(load_corpus().val, batch, length, seed, 0)["inputs"]
@@ -114,8 +129,6 @@ def _steps(spec: ServeSpec, preset: str, extra: int = 0):
     """The serving steps of `preset` (random weights, seeded), or of the checkpoint's model for the served preset."""
     from flax import nnx
 
-    from models.serving import Steps
-    from models.transformer import Transformer
 
     if spec.checkpoint and preset == spec.preset:
         model, info = restore_model(spec.checkpoint, spec.seed)
@@ -137,9 +150,6 @@ def _program(fn, args, hw, *, measure: bool, feed: int, repeats: int = 10):
     hw, and time it with the harness when `measure`. Returns (Compiled, Prediction, Measurement or None)."""
     import jax
 
-    from workbench.cost.compile import compile_program
-    from workbench.measure.harness import measure_steps
-    from workbench.roofline.prediction import predict
 
     comp = compile_program(jax.jit(fn, donate_argnums=feed), *args)
     pred = predict(comp.cost, hw)
@@ -178,10 +188,6 @@ def _point(comp, pred, meas=None) -> dict:
 def _host_batch(steps, spec: ServeSpec, hw, batch: int, store) -> tuple[dict, dict]:
     import jax.numpy as jnp
 
-    from models import inference
-    from models.serving import weight_bytes
-    from workbench.hardware.hostmem import available_bytes, check_fits
-    from workbench.results.store import make_record
 
     cache = steps.init_cache(batch, spec.max_len)
     kv = inference.cache_bytes(cache)
@@ -212,8 +218,6 @@ def _host_batch(steps, spec: ServeSpec, hw, batch: int, store) -> tuple[dict, di
 
 
 def serve_host(spec: ServeSpec, say) -> dict:
-    from workbench.measure.device import local_spec
-    from workbench.results.store import Store
 
     global SAY
     SAY = say
@@ -243,7 +247,6 @@ def serve_host(spec: ServeSpec, say) -> dict:
 
 
 def _target_phase(spec: ServeSpec, batch: int, mode: str):
-    from workbench.programs import predict as wp
 
     seq = spec.prompt_len if mode == "prefill" else spec.max_len
     ps = wp.PredictSpec(spec.preset, spec.target, spec.strategy, mesh=spec.mesh, batch=batch, seq=seq, mode=mode,
@@ -316,8 +319,6 @@ def speculative(spec: ServeSpec, target_steps, hw) -> dict:
     decoding of the same tokens, and the speedup the roofline predicts from the compiled steps and that acceptance."""
     import jax.numpy as jnp
 
-    from models.serving import greedy_generate, speculative_generate
-    from workbench.measure.harness import timed
 
     k, b = spec.draft_tokens, spec.batches[0]
     draft = _steps(dataclasses.replace(spec, quant="none", kv_dtype="auto"), spec.draft, extra=k + 1)
@@ -331,7 +332,8 @@ def speculative(spec: ServeSpec, target_steps, hw) -> dict:
     prompts = jnp.asarray(_prompts(b, spec.prompt_len, spec.seed + 1, target_steps.cfg.vocab_size))
     SAY(f"serve: speculative decoding, draft {spec.draft}, {k} tokens per round")
     runs = {"plain": lambda: greedy_generate(target_steps, prompts, spec.gen_len, max_len),
-            "speculative": lambda: speculative_generate(target_steps, draft, prompts, spec.gen_len, k, max_len)}
+            "speculative": lambda: speculative_generate(target_steps, draft, prompts, spec.gen_len, k, max_len,
+                                                        temperature=spec.temperature, seed=spec.seed)}
     times, outs = {}, {}
     for name, fn in runs.items():
         fn()  # compiles
@@ -339,9 +341,10 @@ def speculative(spec: ServeSpec, target_steps, hw) -> dict:
         outs[name] = samples[0][0]
         times[name] = float(np.median([s for _, s in samples]))
     plain_tokens, (spec_tokens, stats) = outs["plain"], outs["speculative"]
-    same = bool(np.array_equal(np.asarray(plain_tokens), spec_tokens))
+    same = bool(np.array_equal(np.asarray(plain_tokens), spec_tokens)) if spec.temperature == 0 else None
     predicted = _predicted_speedup(target_steps, draft, b, k, max_len, hw, stats["tokens_per_round"])
-    return dict(stats, draft=spec.draft, draft_tokens=k, batch=b, same_tokens_as_greedy=same,
+    return dict(stats, draft=spec.draft, draft_tokens=k, batch=b, temperature=spec.temperature,
+                sampling="greedy" if spec.temperature == 0 else "rejection sampling (exact)", same_tokens_as_greedy=same,
                 plain_s=times["plain"], speculative_s=times["speculative"],
                 measured_speedup=times["plain"] / times["speculative"], **predicted)
 
@@ -368,7 +371,6 @@ def _predicted_speedup(target, draft, b, k, max_len, hw, tokens_per_round) -> di
 
 
 def _requests(spec: ServeSpec, vocab: int):
-    from models.serving import Request
 
     if spec.requests == "synthetic":
         rng = np.random.default_rng(spec.seed)
@@ -388,18 +390,17 @@ def _requests(spec: ServeSpec, vocab: int):
 
 def continuous_batching(spec: ServeSpec, steps) -> dict:
     """Serve a stream of requests over max(batches) slots; the schedule and the generated text of the first one."""
-    from models.serving import Engine
-    from workbench.measure.harness import timed
 
     reqs = _requests(spec, steps.cfg.vocab_size)
     slots = max(spec.batches)
     SAY(f"serve: continuous batching of {len(reqs)} requests over {slots} slots")
-    warm = Engine.from_steps(steps, slots, spec.max_len, seed=spec.seed)
+
+    sampling = Sampling(temperature=spec.temperature)
+    warm = Engine.from_steps(steps, slots, spec.max_len, sampling=sampling, seed=spec.seed)
     warm.serve(reqs[:min(len(reqs), slots)])  # compiles the decode step and the prefill buckets
-    eng = Engine.from_steps(steps, slots, spec.max_len, seed=spec.seed)
+    eng = Engine.from_steps(steps, slots, spec.max_len, sampling=sampling, seed=spec.seed)
     occupancy = []
     done, wall = timed(lambda: eng.serve(reqs, on_step=lambda s, d, live: occupancy.append(live)))
-    from models.paged import fragmentation
 
     tokens = sum(len(d.tokens) for d in done)
     schedule = [(d.prompt_len, d.admitted_step, d.finished_step) for d in done]
@@ -423,9 +424,6 @@ def restore_model(directory: str, seed: int = 0):
     import orbax.checkpoint as ocp
     from flax import nnx
 
-    from models.config import ModelConfig
-    from models.transformer import Transformer
-    from workbench.programs.checkpoint import complete_steps
 
     steps = complete_steps(directory) if os.path.isdir(directory) else []
     if not steps:
@@ -462,7 +460,6 @@ def quality(spec: ServeSpec, steps) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from models.serving import Steps
 
     base = Steps(steps._template)
     tokens = jnp.asarray(_prompts(4, spec.prompt_len + 1, spec.seed + 3, steps.cfg.vocab_size))
