@@ -45,7 +45,11 @@ def test_mesh_spec_parsing_and_errors():
 
 # ------------------------------------------------------------------------------------------------- rules
 def test_rule_tables_and_errors():
-    assert set(strategies()) == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "ep", "pp", "pp+fsdp", "pp+tp", "pp+fsdp+tp"}
+    assert set(strategies()) == {"dp", "fsdp", "tp", "fsdp+tp", "sp", "cp", "fsdp+cp", "fsdp+tp+cp", "ep", "pp",
+                                 "pp+fsdp", "pp+tp", "pp+fsdp+tp"}
+    assert get_rules("cp").mapping == {"batch": ("data",), "seq": ("context",)}
+    assert get_rules("fsdp+cp").mapping["embed"] == ("data", "context")
+    assert get_rules("fsdp+tp+cp").mapping["mlp"] == ("model",)
     assert get_rules("pp+fsdp").mapping["layers"] == ("stage",) and "layers" not in get_rules("fsdp").mapping
     assert get_rules("fsdp").mapping["embed"] == ("data",)
     assert get_rules("ep").mapping["experts"] == ("expert",)
@@ -70,6 +74,16 @@ def test_spec_for_uses_each_mesh_axis_once_and_checks_divisibility():
     with pytest.raises(WorkbenchError, match=r"parameter w_vd: dimension 0 \(vocab=50257\) is not divisible by mesh "
                                              r"axis model=4"):
         spec_for(("vocab", "embed"), (50257, 768), mesh, get_rules("tp"), what="parameter w_vd")
+
+
+def test_context_parallel_rules_split_the_sequence_and_the_parameters():
+    mesh = make_mesh("data=2,context=4")
+    # parameters: embed over data x context; activations: batch over data, the sequence over context, embed whole
+    assert spec_for(("embed", "mlp"), (64, 256), mesh, get_rules("fsdp+cp")) == P(("data", "context"))
+    assert spec_for(("batch", "seq", "embed"), (8, 64, 64), mesh, get_rules("fsdp+cp")) == P("data", "context")
+    assert spec_for(("embed", "mlp"), (64, 256), mesh, get_rules("cp")) == P()
+    with pytest.raises(WorkbenchError, match=r"seq=30\) is not divisible by mesh axis context=4"):
+        spec_for(("batch", "seq"), (8, 30), mesh, get_rules("cp"))
 
 
 def test_divisibility_error_names_the_parameter():
