@@ -1,7 +1,7 @@
 """Meshes, strategy rule tables (logical axis -> mesh axes), and applying them to NNX state and activations.
 
     make_mesh(spec, devices=None)        'data=2,model=4' -> jax.sharding.Mesh (AxisType.Auto)
-    get_rules(strategy)                  dp | fsdp | tp | fsdp+tp | sp | ep -> Rules
+    get_rules(strategy)                  dp | fsdp | tp | fsdp+tp | sp | cp | fsdp+cp | fsdp+tp+cp | ep | pp... -> Rules
     state_shardings(state, mesh, rules)  NamedSharding per parameter from its logical axis names
     activation_sharding / constrain      activation constraints inside model code
 """
