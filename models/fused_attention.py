@@ -238,6 +238,9 @@ def splash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
 # ---- flash attention (Pallas GPU, Triton) -----------------------------------------------------------------------------
 
 
+FLASH_CAUSAL_SCOPE = "flash_causal_b"  # + the block size: named scope around the causal Pallas GPU kernels
+
+
 def flash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
     """Causal attention by JAX's Pallas GPU flash kernel (forward and backward kernels, its custom VJP). The kernel
     takes as many key/value heads as query heads: grouped-query heads are repeated first."""
@@ -255,8 +258,9 @@ def flash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
     k, v = (jnp.repeat(x, n // kh, axis=2) if kh != n else x for x in (k_bskh, v_bskh))
     sizes = pga.BlockSizes(block_q=blk, block_k=blk, block_q_dkv=blk, block_kv_dkv=blk, block_q_dq=blk,
                            block_kv_dq=blk)
-    return pga.mha(q_btnh, k, v, None, sm_scale=1.0 / math.sqrt(h), causal=True, block_sizes=sizes,
-                   interpret=interpret)
+    with jax.named_scope(f"{FLASH_CAUSAL_SCOPE}{blk}"):  # the HLO reader's causal blocks (hlo.py flash_cost)
+        return pga.mha(q_btnh, k, v, None, sm_scale=1.0 / math.sqrt(h), causal=True, block_sizes=sizes,
+                       interpret=interpret)
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------------------------

@@ -220,3 +220,19 @@ def test_a_gpu_training_step_runs_cudnn_attention_and_holds_no_score_matrix(resu
     assert not any(k.library.startswith("__cudnn$fmha") for k in dot.cost.kernels)
     assert abs(r["flops_per_device"] / r["model_flops_per_step"] - 1) < 0.10, r["flop_counts"]
     assert r["memory_breakdown"]["temp_bytes"] < dot.record["memory_breakdown"]["temp_bytes"]
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.skipif(not topo.gpu_compiler_available(), reason="needs the JAX CUDA plugin (requirements.lock)")
+def test_flash_compiles_for_xla_gpu_and_is_priced(results_dir):
+    """attention=flash (Pallas GPU, Triton) compiles deviceless for an H200: per layer a forward, a preprocessing and
+    a backward kernel, each priced by the reader's analytic count over the causal mask's blocks."""
+    from workbench.programs import predict as wp
+
+    spec = wp.PredictSpec("tiny", "h200:1", "dp", mesh="data=1", batch=8, seq=256, policy="bf16", remat="none",
+                          overrides="attention=flash,seq_len=256", gpu_compiler="xla-gpu")
+    p = wp.predict(spec, store=False)
+    assert p.record["attention"] == "flash" and not p.record["unpriced_custom_calls"]
+    assert dict(p.cost.analytic_custom_calls) == {"__gpu$xla.gpu.triton": 6}
+    fwd = [k for k in p.cost.kernels if k.dot_flops and "pallas" in k.name]
+    assert len(fwd) == 4 and p.record["flop_counts"]["used_source"] == "hlo"

@@ -144,6 +144,23 @@ class Module:
         return {i.name: i for instrs in self.computations.values() for i in instrs}
 
 
+def _open_braces(s: str) -> int:
+    """'{' minus '}' outside double-quoted strings (a Triton call's serialized IR holds unbalanced braces)."""
+    depth, i, n = 0, 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == '"':
+            i += 1
+            while i < n and s[i] != '"':
+                i += 2 if s[i] == "\\" else 1
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        i += 1
+    return depth
+
+
 def parse_module(text: str) -> Module:
     comps: dict[str, list[Instr]] = {}
     entry = ""
@@ -153,11 +170,11 @@ def parse_module(text: str) -> Module:
         s = line.strip()
         if pending:
             pending += "\n" + line
-            if pending.count("{") <= pending.count("}"):
+            if _open_braces(pending) <= 0:
                 s, pending = pending, ""
             else:
                 continue
-        elif cur is not None and " = " in s and s.count("{") > s.count("}"):
+        elif cur is not None and " = " in s and s.count("{") != s.count("}") and _open_braces(s) > 0:
             pending = s
             continue
         if not s or s.startswith("//"):
@@ -646,11 +663,48 @@ def splash_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     return CallCost(dots + trans, trans, dots, (product / 2.0) ** (1.0 / 3.0), note)
 
 
+# JAX's Pallas GPU flash attention (jax/experimental/pallas/ops/gpu/attention.py, Triton: `__gpu$xla.gpu.triton`
+# calls whose op_name names the kernel): the products per visited (query block, key block) pair of the forward kernel
+# (Q·Kᵀ, P·V) and of the backward kernel (Q·Kᵀ recomputed, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q, dS·K); the backward's preprocessing
+# (rowsum(O ∘ dO)) two flops per element of O
+FLASH_KERNELS = {"mha_forward": 2, "mha_backward": 5}
+FLASH_CAUSAL_SCOPE = re.compile(r"flash_causal_b(\d+)")  # models/fused_attention.py: causal, with its block size
+
+
+def flash_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
+    """A Pallas GPU flash attention kernel (FLASH_KERNELS in its op_name), priced analytically from q (operand 0,
+    (b, t, n, h)) and k (operand 1, (b, s, n, h)); a causal call (FLASH_CAUSAL_SCOPE) over the blocks its mask
+    visits (causal_block_fraction), the full matrix otherwise. None when it is no such kernel."""
+    op_name = re.search(r'op_name="([^"]+)"', ins.attrs)
+    if op_name is None or len(ins.operands) < 2:
+        return None
+    q, k = shapes.get(ins.operands[0]), shapes.get(ins.operands[1])
+    if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
+        return None
+    name = op_name.group(1)
+    if "preprocess_backward" in name:
+        return CallCost(2.0 * q.elements, 0.0, 0.0, 0.0, "mha_preprocess_backward: analytic count")
+    kind = next((kk for kk in FLASH_KERNELS if kk in name), None)
+    if kind is None:
+        return None
+    t, s = q.dims[1], k.dims[1]
+    causal = FLASH_CAUSAL_SCOPE.search(name)
+    blk = int(causal.group(1)) if causal else 0
+    frac = causal_block_fraction(t, s, blk, blk) if causal else 1.0
+    product = 2.0 * q.elements * s * frac
+    dots = FLASH_KERNELS[kind] * product
+    trans = q.elements / max(q.dims[3], 1) * s * frac
+    mask = f"causal mask: {frac:.0%} of the {blk}x{blk} blocks" if causal else "mask unknown: every block"
+    return CallCost(dots + trans, trans, dots, (product / 2.0) ** (1.0 / 3.0),
+                    f"pallas {kind}: analytic count (the kernel declares no cost): {FLASH_KERNELS[kind]} products, "
+                    + mask)
+
+
 def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     """What one execution of a custom call computes, or None when the reader cannot say (custom_calls lists those):
     a declared cost estimate (custom_call_cost); a cuBLAS gemm (gemm_cost); cuDNN attention (fmha_cost) or
-    convolution (conv_call_cost); a Pallas TPU splash attention kernel without one (splash_cost, analytic); a call
-    known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
+    convolution (conv_call_cost); a Pallas splash (TPU) or flash (GPU) attention kernel without one (splash_cost,
+    flash_cost: analytic); a call known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
     target = custom_call_target(ins.attrs)
     if has_cost_estimate(ins.attrs):
         f, t = custom_call_cost(ins.attrs)
@@ -659,6 +713,8 @@ def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
         return CallCost()
     if target == "tpu_custom_call":
         return splash_cost(ins, shapes)
+    if target == "__gpu$xla.gpu.triton":
+        return flash_cost(ins, shapes)
     if target in CUBLAS_GEMM_TARGETS or target.startswith("__cublas$"):
         return gemm_cost(ins, shapes, backend_config(ins.attrs))
     if target.startswith(CUDNN_FMHA_PREFIX):
