@@ -522,8 +522,8 @@ def _fits(lw: Lowered, mem: float, hw, notes: list[str]) -> bool:
     else:
         fits = mem <= hw.hbm_bytes
     if lw.compiler == "xla-cpu":
-        notes.append(f"{target.name}: compiled for {n} simulated CPU devices (the pinned jaxlib has no deviceless GPU "
-                     "compiler; see docs/targets.md): memory is XLA:CPU's buffer assignment and the costs are the CPU "
+        notes.append(f"{target.name}: compiled for {n} simulated CPU devices, the XLA:CPU stand-in (--gpu-compiler "
+                     "cpu-sim, or the JAX CUDA plugin is not importable; see docs/targets.md): memory is XLA:CPU's buffer assignment and the costs are the CPU "
                      "program's, priced with the GPU's catalogue peaks and NVLink/InfiniBand collective models")
     elif lw.compiler == "xla-gpu":
         notes.append(f"{target.name}: compiled by XLA:GPU for a compile-only {n}-GPU topology (JAX CUDA plugin, no GPU "
