@@ -121,6 +121,20 @@ def test_gpu_target_devices_are_the_simulated_cpus():
         topo.gpu_compiler_for(topo.parse_target("h100:8"), "nvcc")
 
 
+def test_gpu_compiler_auto_is_xla_gpu_when_the_plugin_imports(monkeypatch):
+    """XLA:GPU is the default for every GPU target whenever the JAX CUDA plugin is importable; the XLA:CPU stand-in
+    only by name or without the plugin; TPU targets are libtpu's."""
+    for name in ("h100:8", "h200:1", "b200:8"):
+        t = topo.parse_target(name)
+        monkeypatch.setattr(topo, "gpu_compiler_available", lambda: True)
+        assert topo.gpu_compiler_for(t, "auto") == "xla-gpu" and topo.gpu_compiler_for(t, "cpu-sim") == "cpu-sim"
+        monkeypatch.setattr(topo, "gpu_compiler_available", lambda: False)
+        assert topo.gpu_compiler_for(t, "auto") == "cpu-sim"
+        with pytest.raises(WorkbenchError, match="needs the JAX CUDA plugin"):
+            topo.gpu_compiler_for(t, "xla-gpu")
+    assert topo.gpu_compiler_for(topo.parse_target("tpu-v5e:2x2"), "auto") == "libtpu"
+
+
 def test_gpu_target_config_is_a_text_proto():
     cfg = topo.gpu_target_config("h100")
     assert "core_count: 132" in cfg and "major: 9" in cfg and 'platform_name: "CUDA"' in cfg
