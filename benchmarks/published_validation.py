@@ -31,6 +31,8 @@ from workbench.errors import WorkbenchError
 from workbench.hardware.devices import default_platform, request_devices
 from workbench.hardware.hostmem import reexec_with_hugepages
 from workbench.programs import predict as wp
+from workbench.programs.executor import Task, make_executor
+from workbench.programs.plan import candidate_memory
 from workbench.programs.validation import load_runs, summarize_errors
 from workbench.results.store import Store, make_record
 
@@ -120,9 +122,6 @@ def main(argv=None) -> int:
         targets = [parse_target(r.row["target"]) for r in runs]
         sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
         n_sim = max(sim) if sim else None
-        from workbench.programs.executor import Task, make_executor
-        from workbench.programs.plan import candidate_memory
-
         executor = make_executor(args.workers, args.ray)
         if executor.name == "in-process":
             _setup_devices(n_sim)

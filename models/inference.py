@@ -27,6 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from models.transformer import Transformer
 from workbench.errors import WorkbenchError
 
 KV_DTYPES = ("auto", "bfloat16", "float8", "int8")
@@ -228,8 +229,6 @@ def unrolled(model):
     """The same model with its layers unrolled (a scanned model's stacked parameters split per layer); an unrolled
     model is returned as it is."""
     from flax import nnx
-
-    from models.transformer import Transformer
 
     if not model.cfg.scan_layers:
         return model

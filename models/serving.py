@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import inference
+from models import inference, paged
 from workbench.errors import WorkbenchError
 
 QUANTS = ("none", "int8", "int4", "fp8")
@@ -171,14 +171,10 @@ class Steps:
         return logits[:, 0], cache
 
     def init_paged(self, batch: int, max_len: int, page_size: int) -> dict:
-        from models import paged
-
         return paged.init_paged(self._template, batch, max_len, page_size)
 
     def decode_paged(self, params, rest, tokens_b, cache):
         """decode over a paged cache (models/paged.py, the page-table gather form)."""
-        from models import paged
-
         logits, cache = paged.paged_forward(self.model(params, rest), tokens_b[:, None], cache)
         cache["lengths"] = cache["lengths"] + 1
         return logits[:, 0], cache

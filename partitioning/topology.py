@@ -429,3 +429,14 @@ def mesh_factorizations(n: int, axes: tuple[str, ...] = ("data", "model")) -> li
         for rest in mesh_factorizations(n // d, axes[1:]):
             out.append({axes[0]: d, **rest})
     return out
+
+
+def setup_target_devices(target_text: str, gpu_compiler: str = "auto") -> "Target":
+    """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
+    that many CPU devices)."""
+    target = parse_target(target_text)
+    if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
+        request_devices(target.n_chips)
+    else:
+        default_platform()
+    return target

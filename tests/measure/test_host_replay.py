@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from workbench.measure.replay import host_folders, replay, stored_spec, summarize
+from workbench.programs.replay import host_folders, replay, stored_spec, summarize
 
 FOLDERS = host_folders()
 ZEN5 = next(f for f in FOLDERS if os.path.basename(f).startswith("zen5-"))

@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Compile every candidate partitioning for the target, drop what does not fit, rank by predicted step."""
-        from workbench.commands.predict import check_inputs, setup_target_devices
+        from partitioning.topology import setup_target_devices
+        from workbench.commands.predict import check_inputs
 
         strats = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
         check_inputs(policy=policy, strategies=strats or (), batch=batch, seq=seq)

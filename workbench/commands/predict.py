@@ -9,22 +9,9 @@ from typing import Optional
 
 import typer
 
+from partitioning.topology import setup_target_devices
 from workbench.errors import positive_int
-from workbench.hardware.devices import default_platform, request_devices
 from workbench.results.console import emit_json, fmt, print_table, stderr_console
-
-
-def setup_target_devices(target_text: str, gpu_compiler: str = "auto"):
-    """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
-    that many CPU devices)."""
-    from partitioning.topology import gpu_compiler_for, parse_target
-
-    target = parse_target(target_text)
-    if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
-        request_devices(target.n_chips)
-    else:
-        default_platform()
-    return target
 
 
 def check_inputs(*, policy: str, strategies=(), batch=None, seq=None, microbatches=None) -> None:

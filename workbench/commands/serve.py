@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
                          page_size=page_size, temperature=temperature)
         validate(spec)
         if target != "host":
-            from workbench.commands.predict import setup_target_devices
+            from partitioning.topology import setup_target_devices
 
             setup_target_devices(target)
         else:

@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 
+from workbench.measure.calibrate import load_or_calibrate
 from workbench.measure.device import local_spec
 from workbench.programs.experiment import run_program, summary
 from workbench.programs.ops import build
@@ -89,8 +90,6 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
 
 def _stream_noise() -> str:
     """A warning with the range when the calibration's memory stream samples spread over 15 % ('' otherwise)."""
-    from workbench.measure.calibrate import load_or_calibrate
-
     try:
         st = load_or_calibrate(run_if_missing=False).get("stream") or {}
     except Exception:  # noqa: BLE001 - no calibration (an accelerator): nothing to say

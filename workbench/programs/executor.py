@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from workbench.errors import WorkbenchError
+from workbench.results.console import stderr_console
 
 GiB = 2**30
 CONNECT_TIMEOUT_S = 5.0
@@ -313,7 +314,6 @@ class FanOutProgress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            from workbench.results.console import stderr_console
 
             self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                               TextColumn("running {task.fields[running]} · failed {task.fields[failed]}"),

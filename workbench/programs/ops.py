@@ -138,7 +138,7 @@ def build(name: str, dtype: str = "float32", **sizes) -> Op:
 def program(builder: str, sizes: dict, dtype: str = "float32") -> tuple[Callable, tuple]:
     """(fn, abstract args) of an op by builder name: one of OPS, or `batched` (b×(m×k)·(k×n)), `matmul_tn` (Aᵀ·B),
     `matmul_nt` (A·Bᵀ), `reduce_short` (a sum over axis 1 of rows × cols), `reduce_short_t` (over axis 0), as the
-    error benchmark and the stored-host replay (workbench.measure.replay) build them."""
+    error benchmark and the stored-host replay (workbench.programs.replay) build them."""
     import jax
     import jax.numpy as jnp
 

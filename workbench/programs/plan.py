@@ -35,6 +35,7 @@ from partitioning.strategy import get_strategy
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import enable_compilation_cache
 from workbench.programs import predict as wp
+from workbench.programs.executor import Task
 from workbench.programs.validation import validation_error
 from workbench.results.store import RecordView, Store, make_record, versions
 
@@ -330,9 +331,7 @@ def candidate_outcome(spec: wp.PredictSpec, gpu_compiler: str, use_cache: bool, 
     JAX starts): lower, look in the outcome cache (`cache_dir`, shared by every worker), compile, predict, fill the
     cache. Returns {"invalid": reason} or the cache entry's {"body", "costs", "prediction", "cached"}."""
     os.environ["WORKBENCH_PLAN_CACHE"] = cache_dir
-    from workbench.commands.predict import setup_target_devices
-
-    t = setup_target_devices(spec.target, gpu_compiler)
+    t = topo.setup_target_devices(spec.target, gpu_compiler)
     compiler = topo.gpu_compiler_for(t, gpu_compiler)
     if compiler == "cpu-sim" and use_cache:
         enable_compilation_cache()
@@ -368,8 +367,6 @@ def _run_on(executor, group: list[wp.PredictSpec], t: topo.Target, gpu_compiler:
             tick) -> list[Outcome]:
     """Each candidate on the executor's workers (candidate_outcome); outcomes (and records) written here, in input
     order."""
-    from workbench.programs.executor import Task
-
     def label(spec):
         return f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
 

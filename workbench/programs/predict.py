@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from models import inference, moe, pipeline
+from models import inference, moe, pipeline, serving
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.config import resolve_attention
 from models.precision import get_policy
@@ -200,7 +200,6 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from models import serving
 
     cfg = cfg.replace(scan_layers=False)
     rules = get_rules(strategy)
@@ -249,7 +248,6 @@ def _quantized_abstract(params, p_sh, mesh, compute_dtype, quant: str):
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from models import serving
 
     abs_q = jax.eval_shape(lambda p: serving.quantize_params(serving.cast_params(p, compute_dtype), quant), params)
     sh_of = {path: var.get_value() for path, var in nnx.to_flat_state(p_sh)}
@@ -327,11 +325,8 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
                              f"{batch // nb} (batch {batch} over {nb} data shards)")
     if spec.mode == "train" and (spec.quant != "none" or spec.kv_dtype != "auto"):
         raise WorkbenchError("weight quantization and the KV-cache dtype apply to --mode prefill|decode only")
-    from models.inference import kv_dtype_name
-    from models.serving import check_quant
-
-    check_quant(spec.quant)
-    kv_dtype_name(spec.kv_dtype)
+    serving.check_quant(spec.quant)
+    inference.kv_dtype_name(spec.kv_dtype)
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
     if get_strategy(spec.strategy).pipelined and spec.mode != "train":

@@ -17,7 +17,11 @@ import json
 import os
 import statistics
 
+from workbench.cost.compile import compile_program
 from workbench.hardware.spec import HardwareSpec
+from workbench.measure.calibrate import spec_from_calibration
+from workbench.programs.ops import program
+from workbench.roofline.prediction import predict
 
 HOSTS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "hosts")
 
@@ -55,7 +59,6 @@ def host_folders(root: str = HOSTS_DIR) -> list[str]:
 
 
 def stored_spec(folder: str) -> HardwareSpec:
-    from workbench.measure.calibrate import spec_from_calibration
 
     with open(os.path.join(folder, "calibration.json")) as f:
         return spec_from_calibration(json.load(f))
@@ -74,9 +77,6 @@ def predict_op(builder: str, sizes: dict, dtype: str, spec: HardwareSpec) -> flo
     """Seconds per call of one op on `spec`: compiled here from abstract inputs (nothing is run), priced by
     workbench.roofline.prediction.predict as the demo and the error benchmark price it. Compiles are cached per op
     and spec within the process."""
-    from workbench.cost.compile import compile_program
-    from workbench.programs.ops import program
-    from workbench.roofline.prediction import predict
 
     key = (builder, tuple(sorted(sizes.items())), dtype, id(spec))
     if key not in _PRICED:
@@ -136,7 +136,7 @@ def summarize(rows: list[ReplayRow]) -> dict:
 
 
 def main(argv=None) -> None:
-    """python -m workbench.measure.replay [FOLDER ...]: every stored host's rows and medians."""
+    """python -m workbench.programs.replay [FOLDER ...]: every stored host's rows and medians."""
     import sys
 
     folders = (argv if argv is not None else sys.argv[1:]) or host_folders()

@@ -40,7 +40,8 @@ import tomllib
 from typing import Any, Callable
 
 from workbench.errors import WorkbenchError
-from workbench.results.store import Store, git_info
+from workbench.programs import executor as ex
+from workbench.results.store import OUTBOX_ENV, Store, git_info
 
 SPECIAL = ("xla_flags",)  # keys that set the point's environment instead of an option
 
@@ -248,7 +249,6 @@ def execute_point(name: str, sweep_id: str, command: tuple[str, ...], index: int
     file ($WORKBENCH_OUTBOX), not the store; returns {"ok", "error", "records"} for the parent to write once."""
     import tempfile
 
-    from workbench.results.store import OUTBOX_ENV
 
     env = dict(os.environ)
     env["WORKBENCH_SWEEP"] = json.dumps({"name": name, "id": sweep_id, "point": key, "index": index,
@@ -289,8 +289,6 @@ def run_sweep(spec: SweepSpec, cparams: list, *, store: Store | None = None, dry
     each point's records and this process writes them, once per point key. `on_start(point)` as a point is handed
     to a worker, `on_result(point, executor.Result)` as it comes back, `on_point(done, total, point, status)` for
     every point, recorded ones included; `on_todo(n)` once, with the number of points that will run."""
-    from workbench.programs import executor as ex
-
     store = store or Store()
     points = spec.points()
     argvs = {}
