@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(rc)
         return 0
     except WorkbenchError as e:
-        print(f"workbench: error: {e}", file=sys.stderr)
+        print(f"workbench: {'error: ' if e.exit_code else ''}{e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("workbench: interrupted", file=sys.stderr)

@@ -9,6 +9,13 @@ class WorkbenchError(Exception):
     exit_code = 2
 
 
+class NothingToDo(WorkbenchError):
+    """The request is already satisfied (a resumed run that reached its steps): said in one line, exit 0, so that a
+    scheduler re-queueing the job sees success."""
+
+    exit_code = 0
+
+
 class RecompileError(WorkbenchError):
     """A program recompiled while it was being timed."""
 

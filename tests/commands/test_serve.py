@@ -51,6 +51,10 @@ def test_serve_a_trained_checkpoint_quantized_and_paged(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "tiny", "--steps", "2",
                         "--checkpoint-dir", str(ck)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    again = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "tiny", "--steps", "2",
+                            "--checkpoint-dir", str(ck), "--resume"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0 and "nothing left to train" in again.stderr, again.stderr[-500:]  # a re-queued job
     out = _serve(tmp_path, "--preset", "tiny", "--checkpoint", str(ck), "--batch", "2", "--prompt-len", "16",
                  "--gen-len", "8", "--quant", "int8", "--kv-dtype", "int8", "--paged", "--page-size", "4",
                  "--requests", "synthetic", "--plot", str(tmp_path / "serve.png"))

@@ -39,7 +39,7 @@ from partitioning.shard import activation_sharding, constrain, spec_for, state_s
 from workbench import compat
 from workbench.cost.compile import compile_program
 from workbench.cost.report import CostReport
-from workbench.errors import WorkbenchError
+from workbench.errors import NothingToDo, WorkbenchError
 from workbench.hardware.devices import is_simulated
 from workbench.measure.calibrate import get_spec
 from workbench.measure.device import chip_for, with_device_calibration
@@ -528,8 +528,8 @@ def _open_checkpoint(checkpoint: CheckpointSpec | None, prog: TrainProgram, mesh
             state, start = ckpt.restore(abs_state)
             if start >= steps:
                 ckpt.close()
-                raise WorkbenchError(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
-                                     "is already reached (nothing to train; the run that saved it is complete)")
+                raise NothingToDo(f"the checkpoint in {checkpoint.directory} is at step {start}: --steps {steps} "
+                                     "is already reached: nothing left to train (the run that saved it is complete)")
     return ckpt, state, start
 
 
