@@ -27,6 +27,7 @@ import dataclasses
 import math
 
 from workbench.errors import WorkbenchError
+from workbench.hardware.spec import DTYPE_ALIASES, resolve_name
 
 READ = "2026-12-01"
 
@@ -221,21 +222,17 @@ TILES.update({
                    "512 KiB VGPR file per CU (as CDNA3, as known)"),
 })
 
-ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5litepod": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
-           "trillium": "tpu-v6e", "v7x": "tpu-v7x", "tpu7x": "tpu-v7x", "ironwood": "tpu-v7x", "a100": "a100-80gb",
-           "h100": "h100-sxm", "h200-sxm": "h200", "b200-sxm": "b200", "b300-sxm": "b300", "mi300": "mi300x",
-           "mi355": "mi355x"}
-
-
 def chip_key(name: str) -> str:
     """The tile table's key for a chip name, alias or target (`tpu-v5e:2x2`, `h100:8` → `tpu-v5e`, `h100-sxm`)."""
     key = name.strip().lower().split(":")[0]
     if key in TILES:
         return key
-    if key in ALIASES:
-        return ALIASES[key]
-    if key.startswith("tpu-") and key[4:] in ALIASES:
-        return ALIASES[key[4:]]
+    try:  # the catalogue's names and aliases (one alias table for the project)
+        key = resolve_name(key)
+    except WorkbenchError:
+        key = None
+    if key in TILES:
+        return key
     raise WorkbenchError(f"no tile model for chip {name!r}; known: {', '.join(TILES)} (or `host` where a command "
                          "accepts it)")
 
@@ -249,21 +246,18 @@ def tile_model(name: str) -> TileModel:
 _BITS = {"float64": 64, "float32": 32, "tf32": 32, "int32": 32, "bfloat16": 16, "float16": 16, "int8": 8,
          "uint8": 8, "float8_e4m3fn": 8, "float8_e5m2": 8, "float8_e4m3fnuz": 8, "float8_e5m2fnuz": 8,
          "int4": 4, "float4_e2m1fn": 4}
-_ALIAS_DT = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16",
-             "fp8": "float8_e4m3fn", "s8": "int8"}
-
 
 def canonical_dtype(dtype) -> str:
     """'bf16' -> 'bfloat16', numpy/jax dtypes -> their name; unknown names are a one-line error."""
     name = getattr(dtype, "name", None) or str(dtype)
-    d = _ALIAS_DT.get(name, name)
+    d = DTYPE_ALIASES.get(name, name)
     if d not in _BITS:
         raise WorkbenchError(f"unknown dtype {dtype!r}; choose one of {', '.join(_BITS)}")
     return d
 
 
 def dtype_bits(dtype: str) -> int:
-    d = _ALIAS_DT.get(str(dtype), str(dtype))
+    d = DTYPE_ALIASES.get(str(dtype), str(dtype))
     if d not in _BITS:
         raise WorkbenchError(f"unknown dtype {dtype!r}; choose one of {', '.join(_BITS)}")
     return _BITS[d]
@@ -282,7 +276,7 @@ def native_tile(model: TileModel, dtype: str) -> tuple[int, int]:
 
 
 def mma_shape(model: TileModel, dtype: str) -> tuple[int, int, int]:
-    d = _ALIAS_DT.get(str(dtype), str(dtype))
+    d = DTYPE_ALIASES.get(str(dtype), str(dtype))
     if d in model.mma_shapes:
         return model.mma_shapes[d]
     bits = dtype_bits(d)
