@@ -8,7 +8,7 @@
 Each device count runs in its own process (the simulated device count is fixed when JAX starts). Every case trains
 through workbench.programs.train.train_model — the CostReport, prediction and step times come from the spine — and appends a
 record of kind 'mfu' to the results store. MFU = model flops per step (6N + 12·L·n_heads·head_dim·seq per token, the
-PaLM convention) / median step time / the calibrated host ceiling (workbench.hardware.spec.get_spec('host'), the XLA
+PaLM convention) / median step time / the calibrated host ceiling (workbench.measure.calibrate.get_spec('host'), the XLA
 float32 matmul rate): simulated devices share the host, so an 8-device mesh is compared with the same ceiling.
 
 Targets (the issue): 1 device >= 80% of the calibrated XLA matmul ceiling; the best 8-device strategy >= 65%.

@@ -6,7 +6,7 @@ import pytest
 
 from partitioning.collectives import collective_time
 from workbench.cli import main
-from workbench.hardware.spec import get_spec
+from workbench.hardware.spec import catalogue_spec as get_spec
 
 
 def _run(capsys, *args):

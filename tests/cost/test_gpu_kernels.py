@@ -299,7 +299,7 @@ def test_a_positive_total_beside_negative_entries_is_not_trusted():
 def test_an_8192_cubed_bf16_cublas_matmul_on_an_h200_is_predicted_at_its_compute_time():
     """The case that motivated the reader (H200, measured 1.56 ms): with the gemm unpriced and cost_analysis -1
     taken as 0, the roofline said 0.09 ms (its bytes alone); 2·8192³ at the bf16 peak is 1.11 ms."""
-    from workbench.hardware.spec import get_spec
+    from workbench.hardware.spec import catalogue_spec as get_spec
     from workbench.roofline.prediction import predict
 
     text = fixture_text("matmul_bf16_cublas").replace("1024,1024", "8192,8192").replace("[1048576]", "[67108864]")

@@ -4,7 +4,7 @@ import pytest
 
 from partitioning import topology as topo
 from workbench.errors import WorkbenchError
-from workbench.hardware.spec import get_spec
+from workbench.hardware.spec import catalogue_spec as get_spec
 from workbench.programs import predict as wp
 
 needs_libtpu = pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")

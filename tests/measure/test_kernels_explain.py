@@ -241,7 +241,7 @@ def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated
     import dataclasses
 
     from benchmarks.prediction_error import machine_now
-    from workbench.hardware.spec import get_spec
+    from workbench.hardware.spec import catalogue_spec as get_spec
 
     host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", matmul_curve=((128, 1e10), (1024, 4e10)),
                                matmul_curves=(("bfloat16", ((128, 2e10),)),))
@@ -262,7 +262,7 @@ def test_machine_now_scales_the_vector_rates_by_the_exp_probe_over_its_level():
     import dataclasses
 
     from benchmarks.prediction_error import VECTOR_FIELDS, machine_now, vector_now
-    from workbench.hardware.spec import get_spec
+    from workbench.hardware.spec import catalogue_spec as get_spec
 
     host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", transcendentals_per_s=2e9, convert_per_s=1e10,
                                reduce_per_s_cached=2e10, reduce_per_s=9e9)
@@ -284,7 +284,7 @@ def test_mean_spec_averages_two_machine_samples():
     import dataclasses
 
     from benchmarks.prediction_error import mean_spec
-    from workbench.hardware.spec import get_spec
+    from workbench.hardware.spec import catalogue_spec as get_spec
 
     base = dataclasses.replace(get_spec("tpu-v5e"), matmul_curve=((128, 1e10), (1024, 4e10)), hbm_bw=10.0,
                                matmul_curves=(("bfloat16", ((128, 2e10),)),))

@@ -6,7 +6,7 @@ import pytest
 from models.analytics import analytics
 from models.presets import get_config
 from partitioning.collectives import collective_time
-from workbench.hardware.spec import get_spec
+from workbench.hardware.spec import catalogue_spec as get_spec
 
 # Published headline figures of the target chips (dense bf16 FLOP/s, HBM bytes/s), typed in from the vendors' pages:
 # https://cloud.google.com/tpu/docs/v5e ("197 TFLOPs", "819 GBps"), https://cloud.google.com/tpu/docs/v4

@@ -6,7 +6,8 @@ import pytest
 from partitioning.collectives import collective_time
 from workbench.cost.hlo import CollectiveOp, KernelCost
 from workbench.cost.report import CostReport
-from workbench.hardware.spec import HardwareSpec, Interconnect, get_spec
+from workbench.hardware.spec import HardwareSpec, Interconnect
+from workbench.hardware.spec import catalogue_spec as get_spec
 
 CHIP = HardwareSpec(name="toy", kind="tpu", vendor="test", peak_flops={"bfloat16": 100e12, "float32": 10e12},
                     hbm_bytes=16e9, hbm_bw=1e12, interconnect=Interconnect("ici-torus-2d", 50e9, 4, 0.0),

@@ -313,10 +313,10 @@ def resolve_name(name: str) -> str:
     raise WorkbenchError(f"unknown chip {name!r}; choose one of {', '.join(names())} (see `workbench hw list`)")
 
 
-def get_spec(name: str) -> HardwareSpec:
+def catalogue_spec(name: str) -> HardwareSpec:
     """A catalogue chip by name or alias. `host` is measured, not catalogued: workbench.measure.calibrate.get_spec
     answers for it (from the cached calibration, calibrating when absent) and for every catalogue chip."""
     n = resolve_name(name)
     if n == "host":
-        raise ValueError("the host's spec comes from its calibration: use workbench.measure.calibrate.get_spec('host')")
+        raise WorkbenchError("the host's spec comes from its calibration: use workbench.measure.calibrate.get_spec('host')")
     return catalogue()[n]

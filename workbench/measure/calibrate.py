@@ -45,8 +45,7 @@ from typing import Any
 from workbench.cost.hlo import parse_kernels
 from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
-from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Source, resolve_name
-from workbench.hardware.spec import get_spec as catalogue_spec
+from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
 CALIBRATION_VERSION = 23

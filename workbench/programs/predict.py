@@ -120,7 +120,7 @@ def chip_spec(target: topo.Target):
     last = None
     for name in target.spec_names:
         try:
-            return hardware.get_spec(name)
+            return hardware.catalogue_spec(name)
         except WorkbenchError as e:
             last = e
     raise WorkbenchError(f"no hardware catalogue entry for {target.family} (tried {', '.join(target.spec_names)}): "
