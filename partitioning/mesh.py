@@ -73,7 +73,7 @@ def make_mesh(spec: str | dict, devices: Sequence | None = None):
     shape = tuple(axes.values())
     types = compat.auto_axes(len(names))
     try:
-        return compat.make_mesh(shape, names, devices=devices, axis_types=types)
+        return compat.jax_mesh(shape, names, devices=devices, axis_types=types)
     except Exception:  # topology-aware ordering can refuse unusual shapes: fall back to the given order
         import numpy as np
 

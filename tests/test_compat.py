@@ -16,7 +16,7 @@ def test_versions_name_the_jax_stack():
 
 
 def test_mesh_axes_are_auto_and_shard_map_is_jax_own():
-    m = compat.make_mesh((2, 4), ("data", "model"))
+    m = compat.jax_mesh((2, 4), ("data", "model"))
     assert m.shape == {"data": 2, "model": 4} and all(t == jax.sharding.AxisType.Auto for t in m.axis_types)
     assert compat.shard_map is jax.shard_map
     f = compat.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=m, in_specs=jax.sharding.PartitionSpec("data"),
@@ -28,7 +28,7 @@ def test_mesh_axes_are_auto_and_shard_map_is_jax_own():
 def test_varying_axes_inside_and_outside_shard_map():
     """The manual axes a value varies over: the sharded axis for a sharded input, none for a replicated one or a
     psum's result, and none outside shard_map (whichever spelling the jax version has)."""
-    m = compat.make_mesh((2, 4), ("data", "model"))
+    m = compat.jax_mesh((2, 4), ("data", "model"))
     P = jax.sharding.PartitionSpec
     seen = {}
 
@@ -86,7 +86,7 @@ def test_ragged_all_to_all_support_is_probed_not_assumed():
     assert compat.ragged_all_to_all_supported("tpu") and compat.ragged_all_to_all_supported("cuda")
     got = compat.ragged_all_to_all_supported("cpu")  # compiles a probe on XLA:CPU
     try:  # the answer must match what XLA:CPU actually does with the op
-        mesh = compat.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+        mesh = compat.jax_mesh((1,), ("x",), devices=jax.devices()[:1])
         P = jax.sharding.PartitionSpec
         f = jax.jit(compat.shard_map(lambda *a: jax.lax.ragged_all_to_all(*a, axis_name="x"), mesh=mesh,
                                      in_specs=(P("x"),) * 6, out_specs=P("x")))

@@ -7,7 +7,8 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 
 - shard_map: `jax.shard_map` in both; `jax.experimental.shard_map` warns (deprecated since 0.8). -> `shard_map`
 - mesh axis types: `jax.make_mesh` defaults to Explicit axes in both; its first parameter was renamed
-  (`axis_shapes` -> `axis_sizes`). -> `make_mesh(shape, names, devices=, axis_types=)`: positional, Auto axes
+  (`axis_shapes` -> `axis_sizes`). -> `jax_mesh(shape, names, devices=, axis_types=)`: positional, Auto axes
+  (partitioning.mesh.make_mesh builds the project's meshes from specs over it)
 - sharding-in-types: `jax.set_mesh`, `jax.sharding.use_abstract_mesh`, `get_abstract_mesh` in both; no
   `jax.sharding.use_mesh`. -> `set_mesh`, `use_abstract_mesh`, `get_abstract_mesh`
 - ragged-all-to-all on XLA:CPU: UNIMPLEMENTED in both (0.12's message is longer). -> `ragged_all_to_all_supported`
@@ -55,7 +56,7 @@ def auto_axes(n: int) -> tuple:
     return (AxisType.Auto,) * n
 
 
-def make_mesh(shape, names, *, devices=None, axis_types=None):
+def jax_mesh(shape, names, *, devices=None, axis_types=None):
     """jax.make_mesh with the shape passed positionally (its name changed between 0.10 and 0.12) and Auto axes
     unless told otherwise."""
     types = tuple(axis_types) if axis_types is not None else auto_axes(len(names))
