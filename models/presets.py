@@ -38,6 +38,17 @@ PRESETS: dict[str, tuple[dict, str]] = {
     "llama2-7b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008, vocab_size=32000,
                        seq_len=4096, norm_eps=1e-5, **_LLAMA, **_SCAN),
                   "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json"),
+    "llama2-70b": (dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672, vocab_size=32000,
+                        seq_len=4096, norm_eps=1e-5, **_LLAMA, **_SCAN),
+                   "Touvron et al. 2023, 'Llama 2', Table 1 (70B, grouped-query attention); "
+                   "meta-llama/Llama-2-70b-hf config.json (8 kv heads, d_ff 28672)"),
+    "palm-540b": (dict(n_layers=118, d_model=18432, n_heads=48, n_kv_heads=1, head_dim=256, d_ff=73728,
+                       vocab_size=256000, seq_len=2048, mlp="swiglu", norm="layernorm", pos="rope", bias=False,
+                       tie_embeddings=True, **_SCAN),
+                  "Chowdhery et al. 2022, 'PaLM: Scaling Language Modeling with Pathways', Table 1 (540B: 118 layers, "
+                  "d_model 18432, 48 heads) and Sec. 2 (SwiGLU, d_ff = 4 d_model, head size 256, multi-query "
+                  "attention, RoPE, no biases, shared input/output embeddings, 256k vocabulary). Not modelled: the "
+                  "parallel attention + MLP block (the same matmuls, serialised here)"),
     "llama3-8b": (dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=128256,
                        seq_len=8192, rope_theta=500000.0, **_LLAMA, **_SCAN),
                   "Llama Team 2024, 'The Llama 3 Herd of Models', Table 3; meta-llama/Meta-Llama-3-8B config.json"),
