@@ -267,6 +267,14 @@ def _target_point(tp) -> dict:
             "peak_memory_bytes": r.get("memory_per_device_bytes"), "fits": r.get("fits"), "reason": r.get("reason")}
 
 
+def target_phase(spec: ServeSpec, batch: int, mode: str) -> dict:
+    """One phase ('prefill' of the prompts or 'decode' against a full cache) of `spec` at `batch`, compiled for its
+    target and predicted: the roofline point serve_target reports, with `chips`. For callers that need one phase only
+    (benchmarks.serving_validation)."""
+    tp = _target_phase(spec, batch, mode)
+    return dict(_target_point(tp), chips=tp.record.get("chips") or tp.record.get("n_devices") or 1)
+
+
 def serve_target(spec: ServeSpec, say) -> dict:
     rows, points, chips, ridge = [], [], None, None
     for b in spec.batches:
