@@ -130,12 +130,17 @@ def _attend(attn, q_btnh, k_bksh, v_bksh, mask_bts):
     return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
 
-def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict):
-    """One block on the new tokens: their keys/values into the cache at each row's length, attention over the cache."""
+def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict, fresh: bool = False):
+    """One block on the new tokens: their keys/values into the cache at each row's length, attention over the cache
+    (fresh: the rows' caches are empty, so the new tokens attend to themselves alone, with the model's configured
+    attention — a fused kernel where it has one — instead of over the whole cache)."""
     h_btd = block.norm_attn(x_btd)
     q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
     lc = _store(lc, k_btkh, v_btkh, lengths_b)
-    o_btnh = _attend(block.attn, q_btnh, _read(lc, "k", q_btnh.dtype), _read(lc, "v", q_btnh.dtype), mask_bts)
+    if fresh:
+        o_btnh = block.attn.causal_self_attention(q_btnh, k_btkh.astype(q_btnh.dtype), v_btkh.astype(q_btnh.dtype))
+    else:
+        o_btnh = _attend(block.attn, q_btnh, _read(lc, "k", q_btnh.dtype), _read(lc, "v", q_btnh.dtype), mask_bts)
     x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
     y_btd, _ = block.mlp(block.norm_mlp(x_btd))
     return x_btd + y_btd.astype(jnp.float32), lc
@@ -151,10 +156,11 @@ def _layer_caches(cache) -> list[dict] | dict:
 # ------------------------------------------------------------------------------------------------- the model
 
 
-def forward(model, tokens_bt, cache: dict, last_b=None):
+def forward(model, tokens_bt, cache: dict, last_b=None, fresh: bool = False):
     """The model on t new tokens per row, starting at each row's cached length. Returns (logits, cache) with the new
     keys/values written and `lengths` unchanged (the caller says how far each row advanced). last_b: per row, the
-    position (0..t-1) whose logits to return — the output head then runs on that one position only (b, 1, v)."""
+    position (0..t-1) whose logits to return — the output head then runs on that one position only (b, 1, v).
+    fresh: every row's cache is empty (a prefill): attention runs over the new tokens alone."""
     from flax import nnx
 
     b, t = tokens_bt.shape
@@ -168,7 +174,7 @@ def forward(model, tokens_bt, cache: dict, last_b=None):
     layers = _layer_caches(cache)
     if model.cfg.scan_layers:
         def body(x_btd, block, lc):
-            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc)
+            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc, fresh)
             return x_btd.astype(rd), lc  # the carry keeps its dtype (each block adds in float32)
 
         x_btd, new = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))(x_btd, model.blocks, layers)
@@ -176,7 +182,7 @@ def forward(model, tokens_bt, cache: dict, last_b=None):
     else:
         outs = []
         for block, lc in zip(model.blocks, layers):
-            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc)
+            x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc, fresh)
             x_btd = x_btd.astype(rd)
             outs.append(lc)
         new_cache = {n: [o[n] for o in outs] for n in outs[0]}
@@ -187,17 +193,19 @@ def forward(model, tokens_bt, cache: dict, last_b=None):
 
 
 def prefill(model, tokens_bt, max_len: int | None = None, cache: dict | None = None, lengths_b=None,
-            last_only: bool = False, kv_dtype: str = "auto"):
+            last_only: bool = False, kv_dtype: str = "auto", fresh: bool = False):
     """Run prompts through the model, filling a fresh cache of max_len positions (default cfg.seq_len) or `cache`.
     lengths_b: each row's real prompt length when the prompts are right-padded to t (default t for all); the cache's
-    lengths advance by it. last_only: logits of each row's last real position only, (b, 1, v)."""
+    lengths advance by it. last_only: logits of each row's last real position only, (b, 1, v). fresh: the rows'
+    caches are empty (always so for a new cache), so the prompt attends to itself with the model's own attention."""
     b, t = tokens_bt.shape
     max_len = max_len or (_max_len_of(cache) if cache is not None else model.cfg.seq_len)
     if t > max_len:
         raise WorkbenchError(f"prompt of {t} tokens does not fit a cache of {max_len} positions")
+    fresh = fresh or cache is None
     cache = cache if cache is not None else init_cache(model, b, max_len, kv_dtype)
     n_b = jnp.full((b,), t, jnp.int32) if lengths_b is None else jnp.asarray(lengths_b, jnp.int32)
-    logits, cache = forward(model, tokens_bt, cache, last_b=(n_b - 1) if last_only else None)
+    logits, cache = forward(model, tokens_bt, cache, last_b=(n_b - 1) if last_only else None, fresh=fresh)
     cache["lengths"] = cache["lengths"] + n_b
     return logits, cache
 
@@ -225,20 +233,20 @@ def generate(model, prompt_bt, n_new: int, max_len: int | None = None):
     return jnp.concatenate(out, axis=1)
 
 
-def unrolled(model):
-    """The same model with its layers unrolled (a scanned model's stacked parameters split per layer); an unrolled
-    model is returned as it is."""
+def unrolled(model, **changes):
+    """The same model with its layers unrolled (a scanned model's stacked parameters split per layer) and any other
+    config `changes` that keep the parameters' shapes (e.g. attention=...); returned as it is when nothing changes."""
     from flax import nnx
 
-    if not model.cfg.scan_layers:
+    cfg = model.cfg.replace(scan_layers=False, **changes)
+    if cfg == model.cfg:
         return model
-    cfg = model.cfg.replace(scan_layers=False)
     target = nnx.eval_shape(lambda: Transformer(cfg, model.policy_name, nnx.Rngs(0)))
     _, state = nnx.split(model)
     flat = {}
     for path, var in nnx.to_flat_state(state):
         value = var.get_value() if hasattr(var, "get_value") else var
-        if path and path[0] == "blocks":
+        if path and path[0] == "blocks" and model.cfg.scan_layers:
             for i in range(cfg.n_layers):
                 flat[("blocks", i, *path[1:])] = value[i]
         else:

@@ -163,15 +163,18 @@ class Attention(nnx.Module):
                            out_dtype=jnp.float32)
         return remat_tag(y_btd, "out_proj", self.cfg.remat, self.o_dot)
 
+    def causal_self_attention(self, q_btnh, k_btkh, v_btkh):
+        """Causal attention of t positions over themselves with the configured implementation (a fused kernel: no
+        S x S in memory, models/fused_attention.py; or the model's own products). Also the serving engine's prefill."""
+        t = q_btnh.shape[1]
+        if self.cfg.attention in FUSED:
+            return fused_attention(self.cfg.attention, q_btnh, k_btkh, v_btkh).astype(q_btnh.dtype)
+        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
+        return self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None], causal_blocks=self.causal_blocks(t))
+
     def __call__(self, x_btd, positions_bt):
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
-        t = x_btd.shape[1]
-        if self.cfg.attention in FUSED:  # no S x S in memory (models/fused_attention.py)
-            o_btnh = fused_attention(self.cfg.attention, q_btnh, k_btkh, v_btkh)
-            return self.out(o_btnh.astype(q_btnh.dtype))
-        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-        o_btnh = self.attend(q_btnh, k_btkh, v_btkh, causal_ts[None], causal_blocks=self.causal_blocks(t))
-        return self.out(o_btnh)
+        return self.out(self.causal_self_attention(q_btnh, k_btkh, v_btkh))
 
 
 def _gelu(u):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import inference, paged
+from models.config import resolve_attention
 from workbench.errors import WorkbenchError
 
 QUANTS = ("none", "int8", "int4", "fp8")
@@ -139,10 +140,12 @@ class Steps:
     """The compiled steps of one model for serving: its layers unrolled, its weights cast to the compute dtype and
     quantized, the cache donated to every step that writes it."""
 
-    def __init__(self, model, *, quant: str = "none", kv_dtype: str = "auto"):
+    def __init__(self, model, *, quant: str = "none", kv_dtype: str = "auto", platform: str | None = None):
         from flax import nnx
 
-        model = inference.unrolled(model)
+        # attention 'auto' made concrete for the platform it runs on (a prefill attends over its prompt alone)
+        cfg = resolve_attention(model.cfg, platform or jax.devices()[0].platform, inference.compute_dtype_of(model))
+        model = inference.unrolled(model, attention=cfg.attention)
         self.cfg, self.kv_dtype, self.quant = model.cfg, inference.kv_dtype_name(kv_dtype), check_quant(quant)
         self.compute_dtype = inference.compute_dtype_of(model)
         self._template = model
@@ -163,7 +166,7 @@ class Steps:
         """Prompts (right-padded) into a cache whose rows are empty: (last logits (b, v), cache)."""
         cache = dict(cache, lengths=jnp.zeros_like(cache["lengths"]))
         logits, cache = inference.prefill(self.model(params, rest), tokens_bt, cache=cache, lengths_b=lengths_b,
-                                          last_only=True)
+                                          last_only=True, fresh=True)
         return logits[:, 0], cache
 
     def decode(self, params, rest, tokens_b, cache, active_b=None):

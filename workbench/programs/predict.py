@@ -229,7 +229,7 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
         with activation_sharding(mesh, rules), compat.use_abstract_mesh(mesh.abstract_mesh):
             model = nnx.merge(graphdef, serving.dequantize_params(params, cd), rest)
             if mode == "prefill":
-                logits_btv, cache = inference.prefill(model, tokens_bt, cache=cache, last_only=True)
+                logits_btv, cache = inference.prefill(model, tokens_bt, cache=cache, last_only=True, fresh=True)
             else:
                 logits_btv, cache = inference.decode_step(model, tokens_bt, cache)
             return logits_btv[:, -1], cache
@@ -356,8 +356,9 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     devices = list(devices) if devices is not None else topo.target_devices(target, spec.gpu_compiler)
     grid = topo.device_grid(devices, tuple(axes.values()))
     mesh = make_mesh(axes, devices=list(grid.flat))
-    if spec.mode == "train":  # attention 'auto' made concrete for the devices compiled for (the record says which)
-        cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype, seq)
+    # attention 'auto' made concrete for the devices compiled for (the record says which); a decode step attends
+    # over its cache with the model's own products whatever the choice
+    cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype, seq)
     t0 = time.perf_counter()
     step, args, state = _build_program(cfg, spec, mesh, batch, seq)
     state_b = _shard_bytes(state)
@@ -518,8 +519,9 @@ def _fits(lw: Lowered, mem: float, hw, notes: list[str]) -> bool:
         fits = mem <= hw.hbm_bytes
     if lw.compiler == "xla-cpu":
         notes.append(f"{target.name}: compiled for {n} simulated CPU devices, the XLA:CPU stand-in (--gpu-compiler "
-                     "cpu-sim, or the JAX CUDA plugin is not importable; see docs/targets.md): memory is XLA:CPU's buffer assignment and the costs are the CPU "
-                     "program's, priced with the GPU's catalogue peaks and NVLink/InfiniBand collective models")
+                     "cpu-sim, or the JAX CUDA plugin is not importable; see docs/targets.md): memory is XLA:CPU's "
+                     "buffer assignment and the costs are the CPU program's, priced with the GPU's catalogue peaks "
+                     "and NVLink/InfiniBand collective models")
     elif lw.compiler == "xla-gpu":
         notes.append(f"{target.name}: compiled by XLA:GPU for a compile-only {n}-GPU topology (JAX CUDA plugin, no GPU "
                      "attached); memory is its buffer assignment, judged against the catalogue HBM")
