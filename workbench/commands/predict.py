@@ -104,8 +104,11 @@ def register(app: typer.Typer) -> None:
         shard_activations: bool = typer.Option(False, "--shard-activations",
                                                help="tensor-parallel strategies: split the residual stream's embed "
                                                     "over the tensor axis too (MaxText's activation_embed rule)"),
-        compile_anyway: bool = typer.Option(False, "--compile-anyway",
-                                            help="compile even when the sharded state alone exceeds HBM"),
+        compile_anyway: bool = typer.Option(True, "--compile-anyway/--precheck",
+                                            help="compile even when the sharded state alone exceeds HBM, so that a "
+                                                 "program that does not fit still shows its temporaries and the "
+                                                 "step it would take (the default); --precheck refuses such a "
+                                                 "program without compiling (fast, as the planner does)"),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
