@@ -3,6 +3,7 @@
 
     python -m benchmarks.gpu_check [OUT_DIR] [--budget-s 500] [--work DIR] [--sections a,b]  # OUT_DIR: $OUT, then
                                                                             # ./gpu-check-out; default: every section
+    python -m benchmarks.gpu_check --sections programs --programs llama,moe --no-trace   # some programs, untraced
     python -m benchmarks.gpu_check --tiny OUT_DIR                 # a CPU smoke run with tiny sizes (the test suite)
 
 Each section runs in a process of its own (a crash or a hang loses that section only, and each process gives its
@@ -311,13 +312,17 @@ def pack(out_dir: str, work: str, limit_bytes: int = 15 * 2**20) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     tiny = "--tiny" in argv
-    argv = [a for a in argv if a != "--tiny"]
+    if "--no-trace" in argv:  # the first program is not traced (the trace costs a few seconds of device time)
+        os.environ["WORKBENCH_GPU_TRACE"] = "0"
+    argv = [a for a in argv if a not in ("--tiny", "--no-trace")]
     opts = {}
-    for flag in ("--section", "--deadline", "--budget-s", "--work", "--sections"):
+    for flag in ("--section", "--deadline", "--budget-s", "--work", "--sections", "--programs"):
         if flag in argv:
             i = argv.index(flag)
             opts[flag] = argv[i + 1]
             del argv[i:i + 2]
+    if "--programs" in opts:  # only the programs whose names contain one of these words (sections run in children)
+        os.environ["WORKBENCH_GPU_PROGRAMS"] = opts["--programs"]
     out_dir = os.path.abspath(argv[0] if argv else os.environ.get("OUT") or "gpu-check-out")
     os.makedirs(out_dir, exist_ok=True)
     if "--section" in opts:
