@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import Any
 
+from models.fused_attention import SPLASH_LANES, blocked_block
 from models.remat import REMATS, parse_remat  # noqa: F401  (REMATS: the policies by name, re-exported)
 from models.remat import TENSORS as REMAT_TENSORS
 from workbench.errors import WorkbenchError
@@ -225,7 +226,6 @@ def resolve_attention(cfg: "ModelConfig", platform: str, compute_dtype, seq: int
     need a GPU program, cudnn in bf16/fp16; 'splash' a TPU program)."""
     import numpy as np
 
-    from models.fused_attention import SPLASH_LANES, blocked_block
 
     seq = cfg.seq_len if seq is None else int(seq)
     narrow = np.dtype(compute_dtype).name in ("bfloat16", "float16")

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from partitioning.shard import current, spec_for
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 BLOCKED_BLOCKS = (512, 256, 128)  # key/query block sizes blocked_attention tries, largest first
@@ -201,9 +203,6 @@ def splash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
     device in shard_map: batch and heads split as the strategy splits them, the sequence whole on every device (a
     sharded sequence is gathered first); grouped-query key/value heads are repeated to the query heads when the
     strategy cannot split them like the query heads."""
-    from partitioning.shard import current, spec_for
-    from workbench import compat
-
     b, t, n, h = q_btnh.shape
     kh = k_bskh.shape[2]
     if t % SPLASH_LANES or k_bskh.shape[1] != t:
