@@ -52,11 +52,13 @@ def test_flop_counts_of_scanned_and_unrolled_layers(scan, results_dir):
 
 
 def test_offload_lowers_device_memory_against_per_layer_remat(results_dir):
-    """Host offloading of the layer inputs and q/k/v (remat offload) keeps less in HBM than per-layer remat."""
+    """Host offloading of the layer inputs and q/k/v (remat offload) keeps less in HBM than per-layer remat. With the
+    model's own attention products: at this size the splash kernel's lane-padded softmax statistics, which a policy
+    that keeps q/k/v makes libtpu hold per layer, outweigh what offloading saves (docs/models.md, remat limits)."""
     mem = {}
     for remat in ("per-layer", "offload"):
         r = wp.predict_once(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", batch=8, seq=128, remat=remat,
-                                           overrides=f"{PROGRAM},n_layers=6"))
+                                           overrides=f"{PROGRAM},n_layers=6,attention=dot"))
         assert r["compiled"] and r["fits"], r.get("reason")
         mem[remat] = r["memory_breakdown"]["temp_bytes"]
     assert mem["offload"] < mem["per-layer"], mem
