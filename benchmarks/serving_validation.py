@@ -40,7 +40,11 @@ import statistics
 import sys
 import time
 
+from partitioning.topology import gpu_compiler_for, parse_target
 from workbench.errors import WorkbenchError
+from workbench.hardware.devices import default_platform, request_devices
+from workbench.programs.serve import ServeSpec, serve, target_phase, validate
+from workbench.results.store import Store, make_record
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published_serving.csv")
 FIELDS = ("name", "framework", "chip", "target", "model", "overrides", "strategy", "mesh", "batch", "prompt_len",
@@ -86,7 +90,6 @@ def load_rows(path: str | None = None) -> list[dict]:
 
 def spec_of(row: dict):
     """The ServeSpec of a published row (one batch size)."""
-    from workbench.programs.serve import ServeSpec
 
     return ServeSpec(row["model"], row["target"], (int(row["batch"]),), int(row["prompt_len"]), int(row["gen_len"]),
                      quant=row["quant"], kv_dtype=row["kv_dtype"], strategy=row["strategy"],
@@ -110,7 +113,6 @@ def convert(metric: str, batch: int, gen_len: int, chips: int, ttft: float | Non
 
 def validate_row(row: dict) -> dict:
     """Compile the phases a row's metric needs for its target, predict, convert, compare."""
-    from workbench.programs.serve import target_phase, validate
 
     spec = spec_of(row)
     b, published = int(row["batch"]), float(row["value"])
@@ -163,7 +165,6 @@ def summarize(rows: list[dict]) -> dict:
 
 def host_part(store) -> dict:
     """Measured against predicted time per output token and time to first token on this host (times programs)."""
-    from workbench.programs.serve import ServeSpec, serve
 
     configs, t_errs, f_errs = [], [], []
     for preset, overrides in HOST_CONFIGS:
@@ -183,7 +184,6 @@ def host_part(store) -> dict:
     out = {"configs": configs, "median_tpot_error": statistics.median(t_errs),
            "median_ttft_error": statistics.median(f_errs),
            "median_error": statistics.median(t_errs + f_errs), "n": len(t_errs) + len(f_errs)}
-    from workbench.results.store import make_record
 
     store.append(make_record("serving_validation", {"part": "host", "prompt_len": 128, "gen_len": 64,
                                                     "batches": list(HOST_BATCHES)}, extra=out))
@@ -193,8 +193,6 @@ def host_part(store) -> dict:
 def _setup_devices(rows: list[dict]) -> None:
     """The devices the rows compile for, before JAX starts: simulated CPU devices for the largest GPU row that cannot
     compile through XLA:GPU, else the default platform."""
-    from partitioning.topology import gpu_compiler_for, parse_target
-    from workbench.hardware.devices import default_platform, request_devices
 
     targets = [parse_target(r["target"]) for r in rows]
     sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
@@ -234,7 +232,6 @@ def main(argv=None) -> int:
         print(f"serving_validation: error: {e}", file=sys.stderr)
         return 2
 
-    from workbench.results.store import Store, make_record
 
     store = Store()
     results = []
