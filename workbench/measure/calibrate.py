@@ -48,7 +48,7 @@ from workbench.hardware.hostmem import describe
 from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 23
+CALIBRATION_VERSION = 24
 
 
 def cache_dir() -> str:
@@ -532,16 +532,34 @@ def _read_rate(x, reps: int) -> float:
     return x.size * x.dtype.itemsize / measure(c, x, warmup=1, repeats=reps).median_s
 
 
-def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool) -> tuple[list[dict], list[str]]:
-    """Per data/unified cache level of the OS's topology (cache_topology): the out-of-place stream over a working
-    set of half the level's capacity for this process (input and output together), repeated until stable
-    (until_stable), and a sum over the same input beside each sample (its read ratio: read bytes/s over the
-    stream's). A level under 256 KiB is listed without a rate: a kernel over it is its launch, not its bytes.
-    Returns (levels, findings: one line per level that did not settle)."""
+def _level_sample(nel: int, dev):
+    """(the stream over two buffers of nel floats, until stable; the read ratios beside its samples)."""
     import jax
     import jax.numpy as jnp
 
+    x = jax.device_put(jax.random.normal(jax.random.key(6), (nel,), jnp.float32), dev)
+    reads: list[float] = []
+
+    def sample(x=x):
+        r = stream_out_of_place(x, 3, trips=(1, 17))["bytes_per_s"]
+        reads.append(_read_rate(x, 3) / r)
+        return r
+
+    return until_stable(sample), reads
+
+
+def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool,
+                         memory_bw: float | None = None) -> tuple[list[dict], list[str]]:
+    """Per data/unified cache level of the OS's topology (cache_topology): the out-of-place stream over a working
+    set of half the level's capacity for this process (input and output together), repeated until stable
+    (until_stable), and a sum over the same input beside each sample (its read ratio: read bytes/s over the
+    stream's). When that stream is no faster than memory (`memory_bw`, by 20 %) — a virtual machine's OS may report
+    the host's whole shared cache, of which this process holds far less — the working set is quartered until it is,
+    and the level's `effective_bytes` (twice the working set that streamed faster) is what the pricing uses as its
+    capacity; a level that never beats memory down to the level below it gets no rate. A level under 256 KiB is
+    listed without a rate: a kernel over it is its launch, not its bytes. Returns (levels, findings)."""
     out, findings = [], []
+    below = 256 * 1024
     for c in caches:
         lv = dict(c)
         cap = int(c.get("capacity_bytes") or 0)
@@ -551,28 +569,36 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool) -> t
                 "not timed in a quick calibration"
             out.append(lv)
             continue
-        nel = max(cap // 4 // 4, 1 << 12)  # two buffers of a quarter of the capacity: half of it in all
-        x = jax.device_put(jax.random.normal(jax.random.key(6), (nel,), jnp.float32), dev)
-        _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (half its {cap / 2**20:.1f} MiB for "
-             "this process's cores; repeated until stable)", quiet)
-        reads: list[float] = []
-
-        def sample(x=x, reads=reads):
-            r = stream_out_of_place(x, 3, trips=(1, 17))["bytes_per_s"]
-            reads.append(_read_rate(x, 3) / r)
-            return r
-
-        st = until_stable(sample)
+        ws = cap // 2  # input and output together
+        tried = []
+        while True:
+            nel = max(ws // 8, 1 << 12)  # two buffers of a quarter of the capacity: half of it in all
+            _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (of its {cap / 2**20:.1f} MiB "
+                 "for this process's cores; repeated until stable)", quiet)
+            st, reads = _level_sample(nel, dev)
+            tried.append({"working_set_bytes": 2 * nel * 4, "bytes_per_s": st["median"]})
+            if memory_bw is None or st["median"] >= 1.2 * memory_bw or ws // 4 < 2 * below:
+                break
+            ws //= 4
+        fast = memory_bw is None or st["median"] >= 1.2 * memory_bw
         ratios = sorted(reads[-3:])
-        lv.update(bytes_per_s=st["median"], samples=st["samples"], spread=st["spread"], stable=st["stable"],
-                  read_ratio=ratios[len(ratios) // 2], read_ratios=reads, working_set_bytes=2 * nel * 4,
+        lv.update(bytes_per_s=st["median"] if fast else None, samples=st["samples"], spread=st["spread"],
+                  stable=st["stable"], read_ratio=ratios[len(ratios) // 2], read_ratios=reads,
+                  working_set_bytes=2 * nel * 4, tried=tried,
+                  effective_bytes=min(cap, 2 * (2 * nel * 4)) if fast else None,
                   counted="bytes read + bytes written (out-of-place stream); read_ratio: a sum's bytes/s over it")
+        if len(tried) > 1:
+            findings.append(f"L{c['level']}: the OS reports {cap / 2**20:.0f} MiB, but a stream over "
+                            f"{tried[0]['working_set_bytes'] / 2**20:.0f} MiB ran at {tried[0]['bytes_per_s'] / 1e9:.1f}"
+                            f" GB/s, no faster than memory; "
+                            + (f"{2 * nel * 4 / 2**20:.1f} MiB ran at {st['median'] / 1e9:.1f} GB/s: priced as a "
+                               f"{lv['effective_bytes'] / 2**20:.0f} MiB level" if fast else "priced as memory"))
         if not st["stable"]:
             lo, hi = min(st["samples"][-3:]), max(st["samples"][-3:])
             findings.append(f"L{c['level']} stream did not settle in {len(st['samples'])} samples "
                             f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s over the last three): the machine is noisy")
         out.append(lv)
-        del x
+        below = cap
     return out, findings
 
 
@@ -740,7 +766,8 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     stream_samples.append(bw_mid)
     read_samples.append(st["read_bytes_per_s"])
     _cache_reduce_convert_transpose(out, xbig, bw_mid, dev, llc, reps, quick, quiet)
-    out["cache_levels"], level_findings = measure_cache_levels(feat.get("caches") or [], dev, quick, quiet)
+    out["cache_levels"], level_findings = measure_cache_levels(feat.get("caches") or [], dev, quick, quiet,
+                                                               memory_bw=bw_mid)
     out["findings"] += level_findings
     out["first_touch"] = _first_touch(xbig, st, nel, reps, quiet)
     out["transcendentals"] = _transcendentals(vprobe, nel_t, reps, quiet)
@@ -1093,9 +1120,9 @@ def host_cache_levels(cal: dict) -> tuple[MemoryLevel, ...] | None:
     None for older calibrations: the pricing then takes the last-level cache at `cache_stream`."""
     out = []
     for lv in cal.get("cache_levels") or ():
-        if lv.get("bytes_per_s") and lv.get("capacity_bytes"):
-            out.append(MemoryLevel(f"L{lv['level']}", float(lv["capacity_bytes"]), float(lv["bytes_per_s"]),
-                                   float(lv.get("read_ratio") or 1.0)))
+        if lv.get("bytes_per_s") and lv.get("capacity_bytes"):  # effective_bytes: what the process really holds
+            out.append(MemoryLevel(f"L{lv['level']}", float(lv.get("effective_bytes") or lv["capacity_bytes"]),
+                                   float(lv["bytes_per_s"]), float(lv.get("read_ratio") or 1.0)))
     return tuple(sorted(out, key=lambda v: v.capacity)) or None
 
 
