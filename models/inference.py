@@ -76,9 +76,15 @@ def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto") -> 
     return cache
 
 
+def tree_bytes(tree) -> int:
+    """Bytes a tree's arrays occupy as stored (int4 at half a byte per element)."""
+    return int(sum(math.prod(a.shape) * (0.5 if a.dtype == jnp.int4 else jnp.dtype(a.dtype).itemsize)
+                   for a in jax.tree.leaves(tree)))
+
+
 def cache_bytes(cache) -> int:
     """Bytes of the cache's arrays (keys, values, scales, lengths)."""
-    return int(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache)))
+    return tree_bytes(cache)
 
 
 # ------------------------------------------------------------------------------------------------- one layer

@@ -93,11 +93,7 @@ def dequantize_params(params, dtype):
 
 def weight_bytes(params) -> int:
     """Bytes the parameters occupy as stored (int4 at half a byte per element)."""
-    total = 0.0
-    for a in jax.tree.leaves(params):
-        bits = 4 if a.dtype == jnp.int4 else 8 * jnp.dtype(a.dtype).itemsize
-        total += np.prod(a.shape) * bits / 8
-    return int(total)
+    return inference.tree_bytes(params)
 
 
 # ------------------------------------------------------------------------------------------------ sampling
