@@ -56,6 +56,7 @@ from workbench.measure.calibrate import (
     load_or_calibrate,
     matmul_probe,
     matmul_sample,
+    spec_from_calibration,
     stream_out_of_place,
     vector_probe,
     vector_sample,
@@ -96,6 +97,13 @@ def machine_now(host, cal: dict):
     vec = vector_now(host, cal)
     return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve, matmul_curves=curves,
                                peak_flops={dt: v * f for dt, v in host.peak_flops.items()}, **vec), rate
+
+
+def drift_sample(cal: dict) -> dict:
+    """The machine at the end of the run, as the drift needs it: the calibration's stream and float32 matmul probe
+    sampled now (machine_now; seconds, where a second whole calibration took minutes), in the calibration's keys."""
+    now, rate = machine_now(spec_from_calibration(cal), cal)
+    return {"matmul": {"float32": {"flops_per_s": rate}}, "stream": {"bytes_per_s": now.hbm_bw}, "findings": []}
 
 
 VECTOR_FIELDS = ("transcendentals_per_s", "convert_per_s", "reduce_per_s_cached")
@@ -427,7 +435,7 @@ def main(argv=None) -> dict:
     programs = run_programs(plist[half:], kernels=not args.no_kernels, save=save, rows=programs)
     ops = remeasure_ops(ops, op_list, repeats=5 if args.quick else 10, save=save, which="third")
     ops = [settle(o, o["measured_s_passes"]) for o in ops]
-    after = load_or_calibrate(force=True, quick=args.quick)
+    after = drift_sample(before)
     out = save(ops, programs, after)
     Store().append(make_record("prediction_error", {"quick": args.quick, "programs": not args.no_programs},
                                extra=out))  # the record the paper's notebook reads (notebooks/prediction_error.py)

@@ -1,0 +1,76 @@
+"""Cache levels as the calibration records them and the pricing reads them: a level counts where its stream or its
+reads beat memory's, a VM's OS-reported last-level cache gives way to what this process was measured to hold, and
+the in-cache probes are sized by it."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from workbench.measure.calibrate import (
+    effective_llc_bytes,
+    host_cache_levels,
+    level_beats_memory,
+    spec_from_calibration,
+)
+from workbench.roofline.prediction import memory_levels
+
+ZEN5 = os.path.join(os.path.dirname(__file__), "..", "data", "hosts", "zen5-2026-12-04", "calibration.json")
+MiB = 2**20
+
+
+def test_a_level_counts_where_its_stream_or_its_reads_beat_memory():
+    assert level_beats_memory(30e9, 1.0, memory_bw=20e9)  # stream 1.5x
+    assert not level_beats_memory(22e9, 1.0, memory_bw=20e9, memory_read_bw=29e9)  # neither
+    # a write-allocating VM: the stream near memory's, its reads (24.6 x 1.9 = 47 GB/s) 1.6x memory's 29 GB/s
+    assert level_beats_memory(24.6e9, 1.9, memory_bw=20.75e9, memory_read_bw=29.9e9)
+    assert not level_beats_memory(24.6e9, 1.9, memory_bw=20.75e9)  # without memory's read rate: the stream alone
+    assert level_beats_memory(1.0, None, memory_bw=None)  # nothing to compare with
+
+
+def _with_levels(levels):
+    with open(ZEN5) as f:
+        cal = json.load(f)
+    cal = copy.deepcopy(cal)
+    cal["cache_levels"] = levels
+    return cal
+
+
+L2 = {"level": 2, "type": "Unified", "capacity_bytes": 4 * MiB, "bytes_per_s": 44e9, "read_ratio": 0.8,
+      "effective_bytes": 4 * MiB}
+
+
+def test_the_largest_measured_level_is_the_last_level_cache_the_pricing_holds():
+    l3 = {"level": 3, "type": "Unified", "capacity_bytes": 480 * MiB, "bytes_per_s": 38e9, "read_ratio": 1.2,
+          "effective_bytes": 120 * MiB}
+    cal = _with_levels([L2, l3])
+    spec = spec_from_calibration(cal)
+    assert [lv.name for lv in spec.cache_levels] == ["L2", "L3"]
+    assert spec.onchip_bytes == 120 * MiB and spec.onchip_bw == 38e9  # not the OS's 480 MiB at the cache stream
+    assert [lv.name for lv in memory_levels(spec, spec.hbm_bw)] == ["L2", "L3", "memory"]
+    assert effective_llc_bytes(cal["cache_levels"], 999) == 120 * MiB
+    assert effective_llc_bytes([{"capacity_bytes": 480 * MiB, "bytes_per_s": None}], 999) == 999
+
+
+def test_a_level_judged_by_its_stream_alone_counts_where_its_reads_beat_memory():
+    """A calibration that left a level unpriced because its stream was under 1.2x memory's: where its reads beat
+    memory's read rate, its last working set counts, at twice that size."""
+    cal = _with_levels([L2, {"level": 3, "type": "Unified", "capacity_bytes": 480 * MiB, "bytes_per_s": None,
+                             "read_ratio": 1.9, "tried": [{"working_set_bytes": 240 * MiB, "bytes_per_s": 12.5e9},
+                                                          {"working_set_bytes": 15 * MiB, "bytes_per_s": 24.6e9}]}])
+    mem = cal["stream"]["bytes_per_s"]
+    # scale the level to this calibration's memory: stream 1.19x memory's, reads 1.9x the stream
+    cal["cache_levels"][1]["tried"][-1]["bytes_per_s"] = 1.19 * mem
+    levels = host_cache_levels(cal)
+    assert [lv.name for lv in levels] == ["L2", "L3"]
+    assert levels[1].capacity == 30 * MiB and levels[1].bw == pytest.approx(1.19 * mem)
+    cal["cache_levels"][1]["read_ratio"] = 1.0  # reads no faster than its stream: memory's level
+    assert [lv.name for lv in host_cache_levels(cal)] == ["L2"]
+
+
+def test_without_measured_levels_the_os_last_level_cache_stays():
+    spec = spec_from_calibration(_with_levels([]))
+    assert spec.cache_levels is None and spec.onchip_bytes == 32 * MiB
+    assert [lv.name for lv in memory_levels(spec, spec.hbm_bw)] == ["LLC", "memory"]
