@@ -89,7 +89,7 @@ def machine_now(host, cal: dict):
         _BUF.update(n=nel, x=jnp.ones((nel,), jnp.float32))
     if _BUF.get("mm_n") != n:
         _BUF.update(mm_n=n, probe=matmul_probe(n, jax.devices()[0]))
-    bw = stream_out_of_place(_BUF["x"], reps=3)["bytes_per_s"]
+    bw = stream_out_of_place(_BUF["x"], reps=3, trips=(1, 3))["bytes_per_s"]
     rate = matmul_sample(_BUF["probe"], 3)
     f = rate / cal["matmul"]["float32"]["flops_per_s"]
     curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None

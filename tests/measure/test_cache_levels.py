@@ -56,7 +56,7 @@ def test_the_largest_measured_level_is_the_last_level_cache_the_pricing_holds():
 
 def test_a_level_judged_by_its_stream_alone_counts_where_its_reads_beat_memory():
     """A calibration that left a level unpriced because its stream was under 1.2x memory's: where its reads beat
-    memory's read rate, its last working set counts, at twice that size."""
+    memory's read rate, its last working set counts as a level of that size."""
     cal = _with_levels([L2, {"level": 3, "type": "Unified", "capacity_bytes": 480 * MiB, "bytes_per_s": None,
                              "read_ratio": 1.9, "tried": [{"working_set_bytes": 240 * MiB, "bytes_per_s": 12.5e9},
                                                           {"working_set_bytes": 15 * MiB, "bytes_per_s": 24.6e9}]}])
@@ -65,7 +65,7 @@ def test_a_level_judged_by_its_stream_alone_counts_where_its_reads_beat_memory()
     cal["cache_levels"][1]["tried"][-1]["bytes_per_s"] = 1.19 * mem
     levels = host_cache_levels(cal)
     assert [lv.name for lv in levels] == ["L2", "L3"]
-    assert levels[1].capacity == 30 * MiB and levels[1].bw == pytest.approx(1.19 * mem)
+    assert levels[1].capacity == 15 * MiB and levels[1].bw == pytest.approx(1.19 * mem)
     cal["cache_levels"][1]["read_ratio"] = 1.0  # reads no faster than its stream: memory's level
     assert [lv.name for lv in host_cache_levels(cal)] == ["L2"]
 

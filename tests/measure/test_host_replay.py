@@ -14,6 +14,8 @@ from workbench.programs.replay import host_folders, replay, stored_spec, summari
 
 FOLDERS = host_folders()
 ZEN5 = next(f for f in FOLDERS if os.path.basename(f).startswith("zen5-"))
+# hosts stored with a calibration of version 25 on (cache levels as this process holds them)
+MEASURED_LEVELS = [f for f in FOLDERS if not os.path.basename(f).startswith("zen5-")]
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,15 @@ def test_a_calibration_without_cache_levels_falls_back_to_what_it_has():
     assert 1.0 < spec.memory_read_ratio < 1.2
     assert spec.transcendentals_per_s_library == pytest.approx(spec.reduce_per_s_cached)
     assert spec.first_touch_bw is None
+
+
+@pytest.mark.parametrize("folder", MEASURED_LEVELS, ids=os.path.basename)
+def test_hosts_with_measured_cache_levels_replay_their_demo_and_held_out_ops(folder):
+    """Every other stored host: its demo within 15 % median, no demo op over 50 %, its held-out ops within 12 %."""
+    rows = replay(folder)
+    s = summarize(rows)
+    assert s["demo_rows"] >= 8 and s["heldout_rows"] == 14
+    bad = [(r.name, round(r.signed_error, 2)) for r in rows if r.error > 0.5 and r.source.startswith("demo")]
+    assert s["demo_median"] <= 0.15 and not bad, (s["demo_median"], bad)
+    assert s["heldout_median"] <= 0.12, s["heldout_median"]
+    assert stored_spec(folder).cache_levels  # the levels it was priced with

@@ -593,9 +593,9 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
     (until_stable), and a sum over the same input beside each sample (its read ratio: read bytes/s over the
     stream's). When neither that stream nor its reads beat memory (`memory_bw`, `memory_read_bw`; by 20 %,
     level_beats_memory) — a virtual machine's OS may report the host's whole shared cache, of which this process
-    holds far less — the working set is quartered until they do, and the level's `effective_bytes` (twice the
-    working set that ran faster) is what the pricing uses as its capacity; a level that never beats memory down to
-    the level below it gets no rate. A level under 256 KiB is listed without a rate: a kernel over it is its
+    holds far less — the working set is quartered until they do; that working set is the level's `effective_bytes`,
+    the capacity the pricing gives it, and its rate is sampled again over half of it; a level that never beats
+    memory down to the level below it gets no rate. A level under 256 KiB is listed without a rate: a kernel over it is its
     launch, not its bytes. Returns (levels, findings)."""
     out, findings = [], []
     below = 256 * 1024
@@ -622,17 +622,29 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
             if fast or ws // 4 < 2 * below:
                 break
             ws //= 4
+        effective = (cap if len(tried) == 1 else 2 * nel * 4) if fast else None
+        found = 2 * nel * 4
+        if fast and len(tried) > 1:
+            # the level holds the working set that beat memory: its rate, as every level's, is the stream over
+            # half the capacity the pricing gives it
+            nel //= 2
+            _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (half the {found / 2**20:.0f} "
+                 "MiB it holds)", quiet)
+            st, reads = _level_sample(nel, dev)
+            ratios = sorted(reads[-3:])
+            ratio = ratios[len(ratios) // 2]
+            tried.append({"working_set_bytes": 2 * nel * 4, "bytes_per_s": st["median"], "read_ratio": ratio})
         lv.update(bytes_per_s=st["median"] if fast else None, samples=st["samples"], spread=st["spread"],
                   stable=st["stable"], read_ratio=ratio, read_ratios=reads,
-                  working_set_bytes=2 * nel * 4, tried=tried,
-                  effective_bytes=min(cap, 2 * (2 * nel * 4)) if fast else None,
+                  working_set_bytes=2 * nel * 4, tried=tried, effective_bytes=effective,
                   counted="bytes read + bytes written (out-of-place stream); read_ratio: a sum's bytes/s over it")
         if len(tried) > 1:
             findings.append(f"L{c['level']}: the OS reports {cap / 2**20:.0f} MiB, but a stream over "
                             f"{tried[0]['working_set_bytes'] / 2**20:.0f} MiB ran at {tried[0]['bytes_per_s'] / 1e9:.1f}"
                             f" GB/s, its reads no faster than memory's; "
-                            + (f"{2 * nel * 4 / 2**20:.1f} MiB ran at {st['median'] / 1e9:.1f} GB/s: priced as a "
-                               f"{lv['effective_bytes'] / 2**20:.0f} MiB level" if fast else "priced as memory"))
+                            + (f"{found / 2**20:.1f} MiB beat memory: priced as a {found / 2**20:.0f} MiB level "
+                               f"streaming {st['median'] / 1e9:.1f} GB/s (over half of it)" if fast
+                               else "priced as memory"))
         if not st["stable"]:
             lo, hi = min(st["samples"][-3:]), max(st["samples"][-3:])
             findings.append(f"L{c['level']} stream did not settle in {len(st['samples'])} samples "
@@ -1174,11 +1186,10 @@ def host_cache_levels(cal: dict) -> tuple[MemoryLevel, ...] | None:
                                    float(lv["bytes_per_s"]), float(lv.get("read_ratio") or 1.0)))
         elif lv.get("tried") and lv.get("read_ratio"):
             # version 24 judged a level by its stream alone: its last working set counts where its reads beat
-            # memory's (level_beats_memory), at twice that working set
+            # memory's (level_beats_memory), as a level of that size
             last = lv["tried"][-1]
             if level_beats_memory(last["bytes_per_s"], lv["read_ratio"], mem_bw, mem_read):
-                out.append(MemoryLevel(f"L{lv['level']}", float(min(lv["capacity_bytes"],
-                                                                    2 * last["working_set_bytes"])),
+                out.append(MemoryLevel(f"L{lv['level']}", float(min(lv["capacity_bytes"], last["working_set_bytes"])),
                                        float(last["bytes_per_s"]), float(lv["read_ratio"])))
     return tuple(sorted(out, key=lambda v: v.capacity)) or None
 
