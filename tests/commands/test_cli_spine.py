@@ -113,6 +113,10 @@ def test_demo_tiny_writes_report(env, tmp_path):
     assert (out / "roofline.png").stat().st_size > 10_000
     text = (out / "README.md").read_text()
     assert "| op |" in text and "Median prediction error" in text
+    rows = json.loads((out / "results.json").read_text())
+    for r in rows:  # each row's own spread, and whether the miss lies inside it
+        assert r["spread"] == pytest.approx(r["measured_iqr_s"] / r["measured_s"])
+        assert r["within_spread"] == ("yes" if r["error"] <= r["spread"] else "no")
 
 
 def test_gpu_check_script_tiny_on_cpu(env, tmp_path):

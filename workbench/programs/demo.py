@@ -60,7 +60,13 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join("reports", f"demo-{stamp}")
     os.makedirs(out_dir, exist_ok=True)
-    cols = ["op", "sizes", "flops", "bytes", "intensity", "bound", "predicted_s", "measured_s", "error"]
+    for r in rows:  # the measurement's own spread: a miss inside it is the host's noise, not the model's
+        m, iqr = r.get("measured_s"), r.get("measured_iqr_s")
+        r["spread"] = iqr / m if (m and iqr is not None) else None
+        r["within_spread"] = None if (r["spread"] is None or r.get("error") is None) else \
+            ("yes" if r["error"] <= r["spread"] else "no")
+    cols = ["op", "sizes", "flops", "bytes", "intensity", "bound", "predicted_s", "measured_s", "error", "spread",
+            "within_spread"]
     print_table(rows, cols, title=f"Built-in ops on {spec.name} (predicted vs measured)")
     errs = [r["error"] for r in rows if r["error"] is not None]
     med = statistics.median(errs) if errs else None
@@ -77,6 +83,8 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
           + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (spec.physical_peak_flops or {}).items()) + ".", "",
           markdown_table(rows, cols), "",
           f"Median prediction error |predicted − measured| / measured: {med:.1%}" if med is not None else "", "",
+          "`spread` is each measurement's interquartile range over its median; `within_spread` says whether the "
+          "prediction's miss lies inside it.", "",
           f"Noisy measurements (IQR > 25% of median): {', '.join(noisy)}" if noisy else "All measurements quiet.",
           stream_note,
           "", "![roofline](roofline.png)", ""]
