@@ -90,7 +90,6 @@ def load_rows(path: str | None = None) -> list[dict]:
 
 def spec_of(row: dict):
     """The ServeSpec of a published row (one batch size)."""
-
     return ServeSpec(row["model"], row["target"], (int(row["batch"]),), int(row["prompt_len"]), int(row["gen_len"]),
                      quant=row["quant"], kv_dtype=row["kv_dtype"], strategy=row["strategy"],
                      mesh=row["mesh"] or None, overrides=row["overrides"] or None)
@@ -113,7 +112,6 @@ def convert(metric: str, batch: int, gen_len: int, chips: int, ttft: float | Non
 
 def validate_row(row: dict) -> dict:
     """Compile the phases a row's metric needs for its target, predict, convert, compare."""
-
     spec = spec_of(row)
     b, published = int(row["batch"]), float(row["value"])
     out = {"name": row["name"], "framework": row["framework"], "chip": row["chip"], "target": row["target"],
@@ -165,7 +163,6 @@ def summarize(rows: list[dict]) -> dict:
 
 def host_part(store) -> dict:
     """Measured against predicted time per output token and time to first token on this host (times programs)."""
-
     configs, t_errs, f_errs = [], [], []
     for preset, overrides in HOST_CONFIGS:
         spec = ServeSpec(preset, "host", HOST_BATCHES, 128, 64, overrides=overrides)
@@ -231,7 +228,6 @@ def main(argv=None) -> int:
     except WorkbenchError as e:
         print(f"serving_validation: error: {e}", file=sys.stderr)
         return 2
-
 
     store = Store()
     results = []

@@ -226,7 +226,6 @@ def resolve_attention(cfg: "ModelConfig", platform: str, compute_dtype, seq: int
     need a GPU program, cudnn in bf16/fp16; 'splash' a TPU program)."""
     import numpy as np
 
-
     seq = cfg.seq_len if seq is None else int(seq)
     narrow = np.dtype(compute_dtype).name in ("bfloat16", "float16")
     gpu, tpu = platform in ("gpu", "cuda"), platform == "tpu"

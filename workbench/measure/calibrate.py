@@ -535,29 +535,47 @@ def _read_rate(x, reps: int) -> float:
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest mmap threshold: a larger fresh output is page-faulted in every call
 
 
-def _level_sample(nel: int, dev):
+def _launch_seconds(dev) -> float:
+    """Median seconds of one call of the stream's kernel over 1024 floats: the launch a single call's time carries."""
+    import jax
+    import jax.numpy as jnp
+
+    tiny = jax.device_put(jnp.ones((1024,), jnp.float32), dev)
+    return measure(_stream_kernel().lower(tiny).compile(), tiny, warmup=3, repeats=15).median_s
+
+
+def _stream_kernel():
+    """The stream's out-of-place kernel, y = a·x + b, as one jitted call."""
+    import jax
+
+    return jax.jit(lambda v: v * 1.0001 + 0.5)
+
+
+def _level_rate(nel: int, dev, launch: float) -> tuple[dict, list[float], float]:
+    """_level_sample and the median of its last three read ratios: (stream statistics, read ratios, read ratio)."""
+    st, reads = _level_sample(nel, dev, launch)
+    ratios = sorted(reads[-3:])
+    return st, reads, ratios[len(ratios) // 2]
+
+
+def _level_sample(nel: int, dev, launch: float):
     """(the stream over two buffers of nel floats, until stable; the read ratios beside its samples). Each sample
     is the faster of two forms of the same out-of-place kernel: the per-trip time of a loop of it
     (stream_out_of_place: launches cancel) and one call of it less a launch (what a kernel between others in a
     program sees; only while its output stays below the mmap threshold, beyond which every call faults it in
-    fresh). On a 2-vCPU Xeon VM the loop ran at half a single call's rate over 16 MiB buffers (26 against 47 GB/s)
-    while a program's 16 MiB kernels ran at the single call's."""
+    fresh). `launch`: _launch_seconds. On a 2-vCPU Xeon VM the loop ran at half a single call's rate over 16 MiB
+    buffers (26 against 47 GB/s) while a program's 16 MiB kernels ran at the single call's."""
     import jax
     import jax.numpy as jnp
 
     x = jax.device_put(jax.random.normal(jax.random.key(6), (nel,), jnp.float32), dev)
     reads: list[float] = []
-    single = None
-    if nel * 4 <= MMAP_THRESHOLD:
-        kernel = jax.jit(lambda v: v * 1.0001 + 0.5)
-        tiny = jax.device_put(jnp.ones((1024,), jnp.float32), dev)
-        launch = measure(kernel.lower(tiny).compile(), tiny, warmup=3, repeats=15).median_s
-        single = (kernel.lower(x).compile(), launch)
+    single = _stream_kernel().lower(x).compile() if nel * 4 <= MMAP_THRESHOLD else None
 
     def sample(x=x):
         r = stream_out_of_place(x, 3, trips=(1, 17))["bytes_per_s"]
         if single is not None:
-            t = measure(single[0], x, warmup=2, repeats=9).median_s - single[1]
+            t = measure(single, x, warmup=2, repeats=9).median_s - launch
             if t > 0:
                 r = max(r, 2.0 * x.size * 4 / t)
         reads.append(_read_rate(x, 3) / r)
@@ -599,6 +617,7 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
     launch, not its bytes. Returns (levels, findings)."""
     out, findings = [], []
     below = 256 * 1024
+    launch = None
     for c in caches:
         lv = dict(c)
         cap = int(c.get("capacity_bytes") or 0)
@@ -610,13 +629,12 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
             continue
         ws = cap // 2  # input and output together
         tried = []
+        launch = _launch_seconds(dev) if launch is None else launch
         while True:
             nel = max(ws // 8, 1 << 12)  # two buffers of a quarter of the capacity: half of it in all
             _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (of its {cap / 2**20:.1f} MiB "
                  "for this process's cores; repeated until stable)", quiet)
-            st, reads = _level_sample(nel, dev)
-            ratios = sorted(reads[-3:])
-            ratio = ratios[len(ratios) // 2]
+            st, reads, ratio = _level_rate(nel, dev, launch)
             fast = level_beats_memory(st["median"], ratio, memory_bw, memory_read_bw)
             tried.append({"working_set_bytes": 2 * nel * 4, "bytes_per_s": st["median"], "read_ratio": ratio})
             if fast or ws // 4 < 2 * below:
@@ -630,9 +648,7 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
             nel //= 2
             _say(f"calibrate: L{c['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (half the {found / 2**20:.0f} "
                  "MiB it holds)", quiet)
-            st, reads = _level_sample(nel, dev)
-            ratios = sorted(reads[-3:])
-            ratio = ratios[len(ratios) // 2]
+            st, reads, ratio = _level_rate(nel, dev, launch)
             tried.append({"working_set_bytes": 2 * nel * 4, "bytes_per_s": st["median"], "read_ratio": ratio})
         lv.update(bytes_per_s=st["median"] if fast else None, samples=st["samples"], spread=st["spread"],
                   stable=st["stable"], read_ratio=ratio, read_ratios=reads,
