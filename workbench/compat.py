@@ -25,6 +25,11 @@ names instead of testing versions. Two locks are supported (Makefile): jax 0.12 
 - varying manual axes of a value inside shard_map: `jax.typeof(x).manual_axis_type.varying` in both (older jax
   spelled it `.vma`, still read as a fallback). -> `varying_axes(x)` (empty outside shard_map)
 - TPU7x topologies: `tpu7x:XxYxZ` compiles with libtpu 0.0.42.1 and 0.0.52 (partitioning/topology.py)
+- Pallas: both have `pl.pallas_call`, `pl.BlockSpec(block_shape, index_map)`, `pl.CostEstimate`,
+  `pltpu.PrefetchScalarGridSpec`, `pltpu.VMEM` and `pltpu.CompilerParams`; older releases named the last one
+  `pltpu.TPUCompilerParams` and the Triton one `plgpu.TritonCompilerParams`. -> `compat.pallas_call`,
+  `compat.BlockSpec`, ... (`PALLAS_NAMES`, imported on first use so that importing the project does not load
+  Pallas), `tpu_compiler_params`, `triton_compiler_params`
 
 The versions a record ran with are read from the installed distributions by workbench.results.store.versions()
 (no JAX import there) and carried in every record's provenance.
@@ -173,3 +178,49 @@ def varying_axes(x) -> frozenset:
     if mat is not None:
         return frozenset(mat.varying)
     return frozenset(getattr(t, "vma", ()) or ())
+
+
+# ------------------------------------------------------------------------------------------------ Pallas
+
+# name -> (module, attribute): the Pallas names the project's kernels use, resolved on first access (module
+# __getattr__) so that importing the workbench does not import Pallas and its TPU backend
+PALLAS_NAMES = {
+    "pallas_call": ("pl", "pallas_call"), "BlockSpec": ("pl", "BlockSpec"), "CostEstimate": ("pl", "CostEstimate"),
+    "program_id": ("pl", "program_id"), "num_programs": ("pl", "num_programs"), "when": ("pl", "when"),
+    "cdiv": ("pl", "cdiv"), "ds": ("pl", "ds"), "VMEM": ("pltpu", "VMEM"),
+    "PrefetchScalarGridSpec": ("pltpu", "PrefetchScalarGridSpec"),
+}
+
+
+@functools.cache
+def _pallas_modules() -> dict:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    return {"pl": pl, "pltpu": pltpu}
+
+
+def __getattr__(name: str):
+    if name in PALLAS_NAMES:
+        mod, attr = PALLAS_NAMES[name]
+        return getattr(_pallas_modules()[mod], attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def tpu_compiler_params(dimension_semantics, vmem_limit_bytes: int | None = None):
+    """Mosaic TPU compiler parameters (grid dimension semantics, the kernel's scoped-VMEM limit)."""
+    pltpu = _pallas_modules()["pltpu"]
+    cls = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
+    kw = {"dimension_semantics": tuple(dimension_semantics)}
+    if vmem_limit_bytes:
+        kw["vmem_limit_bytes"] = int(vmem_limit_bytes)
+    return cls(**kw)
+
+
+def triton_compiler_params(num_warps: int = 4, num_stages: int = 3):
+    """Triton (Pallas GPU) compiler parameters, or None where this jax has no Triton backend module."""
+    try:
+        from jax.experimental.pallas import triton as pltriton
+    except ImportError:  # pragma: no cover - jax without the Triton backend
+        return None
+    cls = getattr(pltriton, "CompilerParams", None) or getattr(pltriton, "TritonCompilerParams", None)
+    return cls(num_warps=num_warps, num_stages=num_stages) if cls else None

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models.kernels import compat
+from workbench import compat
 from models.kernels.matmul import KernelCost
 from workbench.errors import WorkbenchError
 

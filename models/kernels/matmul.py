@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models.kernels import compat
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 ACTIVATIONS = ("none", "relu", "gelu")
