@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from workbench import compat
 from models.kernels.matmul import KernelCost
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 _LANES = 128  # m and l are kept lane-replicated, (bq, 128), the layout Mosaic wants for a row statistic
