@@ -27,6 +27,8 @@ import re
 
 from workbench import compat
 from workbench.errors import WorkbenchError
+from workbench.hardware import spec as hw
+from workbench.hardware import tiles
 from workbench.hardware.devices import default_platform, request_devices
 
 
@@ -39,8 +41,7 @@ class TpuFamily:
     dims: int                   # 2 = 2D torus (v5e, v6e), 3 = 3D torus (v4, v5p)
     chip_config: str            # "megacore" fuses the chip's two TensorCores into one JAX device
     max_chips: int              # largest slice Google Cloud sells (one pod)
-    spec_names: tuple[str, ...]  # names to look up in workbench.hardware.spec
-    device_kind: str            # what libtpu reports as device_kind
+    chip: str                   # the hardware catalogue's name (workbench.hardware.catalogue)
     slice_shapes: tuple[str, ...] = ()  # 2D families: the shapes on offer; empty = any accepted by libtpu
     source: str = ""
     devices_per_chip: int = 1   # JAX devices libtpu makes per chip (v7x: 2, one per TensorCore; checked on load)
@@ -50,70 +51,65 @@ class TpuFamily:
 #   v5e: https://cloud.google.com/tpu/docs/v5e   v6e: https://cloud.google.com/tpu/docs/v6e
 #   v4:  https://cloud.google.com/tpu/docs/v4    v5p: https://cloud.google.com/tpu/docs/v5p
 TPU_FAMILIES: dict[str, TpuFamily] = {
-    "v4": TpuFamily("v4", "v4", 3, "megacore", 4096, ("tpu-v4", "v4", "tpu_v4"), "TPU v4",
+    "v4": TpuFamily("v4", "v4", 3, "megacore", 4096, "tpu-v4",
                     source="https://cloud.google.com/tpu/docs/v4"),
-    "v5e": TpuFamily("v5e", "v5e", 2, "default", 256, ("tpu-v5e", "v5e", "tpu_v5e", "v5litepod"), "TPU v5 lite",
+    "v5e": TpuFamily("v5e", "v5e", 2, "default", 256, "tpu-v5e",
                      ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
                      source="https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": TpuFamily("v5p", "v5p", 3, "megacore", 8960, ("tpu-v5p", "v5p", "tpu_v5p"), "TPU v5",
+    "v5p": TpuFamily("v5p", "v5p", 3, "megacore", 8960, "tpu-v5p",
                      source="https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": TpuFamily("v6e", "v6e", 2, "default", 256, ("tpu-v6e", "v6e", "tpu_v6e", "trillium"), "TPU v6 lite",
+    "v6e": TpuFamily("v6e", "v6e", 2, "default", 256, "tpu-v6e",
                      ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
                      source="https://cloud.google.com/tpu/docs/v6e"),
     # TPU7x: libtpu's topology names are `tpu7x:XxYxZ` (`v7x:` is rejected: "Invalid TPU external name"); it has no
     # megacore chip config for it ("megacore ... does not exist"), so each TensorCore is its own device: two per chip
     # coordinate in get_topology_desc (libtpu 0.0.52). Pod: 9216 chips.
-    "v7x": TpuFamily("v7x", "tpu7x", 3, "default", 9216, ("tpu-v7x", "v7x", "tpu7x"), "TPU7x",
+    "v7x": TpuFamily("v7x", "tpu7x", 3, "default", 9216, "tpu-v7x",
                      source="https://docs.cloud.google.com/tpu/docs/tpu7x", devices_per_chip=2),
 }
-_TPU_ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e", "7x": "v7x", "ironwood": "v7x"}
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuFamily:
     key: str
-    spec_names: tuple[str, ...]
-    device_info: dict              # XLA GpuTargetConfig gpu_device_info fields (deviceless XLA:GPU compiles)
-    description: str               # what the CUDA driver would report as the device name
+    chip: str                      # the hardware catalogue's name
+    fpus_per_core: int             # FP32 lanes per SM (XLA:GPU's gpu_device_info), not used elsewhere
     gpus_per_node: int = 8         # NVLink domain of an HGX/DGX node; beyond it InfiniBand
     source: str = ""
 
 
-# Device facts the XLA:GPU compiler reads from a GpuTargetConfig when no GPU is attached (SM count, memory, caches,
-# compute capability). Sources, read 2026-11: NVIDIA A100 datasheet and Ampere whitepaper; H100 datasheet and Hopper
-# whitepaper (SXM5: 132 SMs, 50 MB L2, 1.98 GHz boost); H200 datasheet (same GH100 die, 141 GB HBM3e, 4.8 TB/s);
-# DGX B200 datasheet (148 SMs per GPU is from the Blackwell architecture brief; L2 size and clock are not on a NVIDIA
-# datasheet: 126 MB and 1.965 GHz are third-party microbenchmark figures and only steer the compiler's tiling);
-# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (shared memory per SM and per block,
-# registers, threads). They steer XLA:GPU's fusion and tiling heuristics; memory figures steer nothing the workbench
-# reports (fit is judged against the hardware catalogue's HBM).
-_SM80 = dict(shared_memory_per_core=167936, shared_memory_per_block_optin=166912, fpus_per_core=64)
-_SM90 = dict(shared_memory_per_core=233472, shared_memory_per_block_optin=232448, fpus_per_core=128)
+# The GPUs a deviceless XLA:GPU compile is described for. The facts it reads (SMs, shared memory per SM, L2, clock,
+# compute capability) come from the chip's tile model (workbench.hardware.tiles), memory size and bandwidth from the
+# hardware catalogue, the device name from the catalogue's aliases; they steer XLA:GPU's fusion and tiling
+# heuristics (fit is judged against the catalogue's HBM). Only the FP32 lanes per SM are stated here: 64 on
+# compute capability 8.0, 128 on 9.0 and later (CUDA C++ Programming Guide, arithmetic instructions table).
 GPU_FAMILIES: dict[str, GpuFamily] = {
-    "a100": GpuFamily("a100", ("a100-80gb", "a100"), dict(
-        core_count=108, clock_rate_ghz=1.41, l2_cache_size=40 * 2**20, device_memory_size=80 * 10**9,
-        memory_bandwidth=2039 * 10**9, cc=(8, 0), **_SM80), "NVIDIA A100-SXM4-80GB",
-        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-               "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "h100": GpuFamily("h100", ("h100-sxm", "h100"), dict(
-        core_count=132, clock_rate_ghz=1.98, l2_cache_size=50 * 2**20, device_memory_size=80 * 10**9,
-        memory_bandwidth=3350 * 10**9, cc=(9, 0), **_SM90), "NVIDIA H100 80GB HBM3",
-        source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
-    "h200": GpuFamily("h200", ("h200", "h200-sxm"), dict(
-        core_count=132, clock_rate_ghz=1.98, l2_cache_size=50 * 2**20, device_memory_size=141 * 10**9,
-        memory_bandwidth=4800 * 10**9, cc=(9, 0), **_SM90), "NVIDIA H200",
-        source="https://www.nvidia.com/en-us/data-center/h200/"),
-    "b200": GpuFamily("b200", ("b200", "b200-sxm"), dict(
-        core_count=148, clock_rate_ghz=1.965, l2_cache_size=126 * 2**20, device_memory_size=180 * 10**9,
-        memory_bandwidth=8000 * 10**9, cc=(10, 0), **_SM90), "NVIDIA B200",
-        source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet"),
+    "a100": GpuFamily("a100", "a100-80gb", 64),
+    "h100": GpuFamily("h100", "h100-sxm", 128),
+    "h200": GpuFamily("h200", "h200", 128),
+    "b200": GpuFamily("b200", "b200", 128),
 }
+
+
+def gpu_device_info(family: str) -> dict:
+    """The gpu_device_info fields of an XLA GpuTargetConfig for `family`, read from the hardware package."""
+    g = GPU_FAMILIES[family]
+    t, c = tiles.tile_model(g.chip), hw.catalogue_spec(g.chip)
+    smem = int(t.onchip_bytes.value)
+    return dict(core_count=int(t.cores.value), clock_rate_ghz=t.clock_hz.value / 1e9, l2_cache_size=int(t.l2_bytes.value),
+                device_memory_size=int(c.hbm_bytes), memory_bandwidth=int(c.hbm_bw), cc=tuple(t.compute_capability.value),
+                shared_memory_per_core=smem, shared_memory_per_block_optin=smem - 1024, fpus_per_core=g.fpus_per_core)
+
+
+def device_kind(chip: str) -> str:
+    """What the device reports as its kind (`jax.devices()[0].device_kind`): the catalogue alias that names it so."""
+    s = hw.catalogue_spec(chip)
+    return next((a for a in s.aliases if a.startswith(("NVIDIA", "AMD", "TPU"))), chip)
 
 
 def gpu_target_config(family: str) -> str:
     """An XLA GpuTargetConfig (text proto) for deviceless XLA:GPU compilation of `family`."""
-    g = GPU_FAMILIES[family]
-    i = dict(g.device_info)
+    i = gpu_device_info(family)
     major, minor = i.pop("cc")
     fields = dict(threads_per_block_limit=1024, threads_per_warp=32, shared_memory_per_block=49152,
                   threads_per_core_limit=2048, block_dim_limit_x=2147483647, block_dim_limit_y=65535,
@@ -122,7 +118,7 @@ def gpu_target_config(family: str) -> str:
     return (f"gpu_device_info {{\n{body}\n  cuda_compute_capability {{ major: {major} minor: {minor} }}\n}}\n"
             f'platform_name: "CUDA"\ndnn_version_info {{ major: 9 minor: 8 }}\n'
             f"runtime_version {{ major: 12 minor: 8 }}\n"
-            f'device_description_str: "{g.description}"\n')
+            f'device_description_str: "{device_kind(GPU_FAMILIES[family].chip)}"\n')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +129,7 @@ class Target:
     kind: str                  # "tpu" or "gpu"
     family: str                # v5e, v4, h100, ...
     shape: tuple[int, ...]     # TPU: chips per torus dimension; GPU: (nodes, gpus_per_node)
-    spec_names: tuple[str, ...]
+    chip: str                  # the hardware catalogue's name of the chip (workbench.hardware.catalogue_spec)
 
     @property
     def n_chips(self) -> int:
@@ -178,6 +174,22 @@ def known_targets() -> list[str]:
 _TARGET_RE = re.compile(r"^(?:tpu[-_]?)?(?P<chip>[a-z0-9]+?)(?:[-_](?P<count>\d+))?(?::(?P<shape>[0-9x]+))?$")
 
 
+def family_key(chip: str) -> str:
+    """The TPU or GPU family of a chip name or any of the hardware catalogue's aliases (`trillium` -> v6e,
+    `v5litepod` -> v5e); the name itself where no family claims it (parse_target then names the known ones)."""
+    if chip in TPU_FAMILIES or chip in GPU_FAMILIES:
+        return chip
+    for name in (chip, f"tpu-{chip}"):
+        try:
+            canonical = hw.resolve_name(name)
+        except WorkbenchError:
+            continue
+        for key, fam in (*TPU_FAMILIES.items(), *GPU_FAMILIES.items()):
+            if fam.chip == canonical:
+                return key
+    return chip
+
+
 def parse_target(text: str) -> Target:
     """Parse `tpu-v5e:4x4`, `v4:2x2x1`, `h100:8`, `h200:16` (two nodes) into a validated Target."""
     if not isinstance(text, str) or not text.strip():
@@ -187,7 +199,7 @@ def parse_target(text: str) -> Target:
     if not m:
         raise WorkbenchError(f"cannot read target {text!r}; write CHIP:SHAPE like {', '.join(known_targets())}")
     chip, count, shape_s = m.group("chip"), m.group("count"), m.group("shape")
-    chip = _TPU_ALIASES.get(chip, chip)
+    chip = family_key(chip)
     if chip in TPU_FAMILIES:
         fam = TPU_FAMILIES[chip]
         if shape_s is None:
@@ -214,7 +226,7 @@ def parse_target(text: str) -> Target:
                     raise WorkbenchError(f"tpu-{chip}:{shape_s}: 3D slice dimensions above 4 must be multiples of 4")
                 if d in (3,):
                     raise WorkbenchError(f"tpu-{chip}:{shape_s}: slice dimensions are 1, 2, 4 or multiples of 4")
-        return Target(f"tpu-{chip}:{'x'.join(map(str, shape))}", "tpu", chip, shape, fam.spec_names)
+        return Target(f"tpu-{chip}:{'x'.join(map(str, shape))}", "tpu", chip, shape, fam.chip)
     if chip in GPU_FAMILIES:
         fam = GPU_FAMILIES[chip]
         if shape_s is None and count is None:
@@ -237,7 +249,7 @@ def parse_target(text: str) -> Target:
         else:
             raise WorkbenchError(f"GPU target {text!r}: write {chip}:N (GPUs) or {chip}:NODESxGPUS")
         return Target(f"{chip}:{shape[0] * shape[1]}" if shape[0] == 1 or shape[1] == fam.gpus_per_node
-                      else f"{chip}:{shape[0]}x{shape[1]}", "gpu", chip, shape, fam.spec_names)
+                      else f"{chip}:{shape[0]}x{shape[1]}", "gpu", chip, shape, fam.chip)
     raise WorkbenchError(f"unknown chip {m.group('chip')!r} in target {text!r}; known: "
                          f"{', '.join(sorted(TPU_FAMILIES) + sorted(GPU_FAMILIES))} "
                          f"(e.g. {', '.join(known_targets())})")

@@ -57,7 +57,7 @@ PTX_TCGEN05 = ("NVIDIA PTX ISA, 'TensorCore 5th Generation Family Instructions' 
 CUDA_SPECS = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (shared memory per SM: "
               "164 KB on 8.0, 228 KB on 9.0 and 10.0; 64 K 32-bit registers per SM), "
               "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications"
-              " (the same figures steer partitioning/topology.py's GpuTargetConfig)")
+              )
 NV_MATMUL_GUIDE = ("NVIDIA Matrix Multiplication Background User's Guide, 'Tensor Core Requirements' and 'Tile "
                    "quantization', https://docs.nvidia.com/deeplearning/performance/"
                    "dl-performance-matrix-multiplication/index.html")
@@ -102,6 +102,9 @@ class TileModel:
     onchip_bytes: Fact                           # TPU: VMEM per TensorCore; GPU: shared memory (LDS) per SM/CU
     scalar_bytes: Fact | None = None             # TPU: SMEM per TensorCore
     default_scoped_vmem: Fact | None = None      # TPU: what Mosaic lets one kernel use without vmem_limit_bytes
+    l2_bytes: Fact | None = None                 # NVIDIA GPU: L2 cache per chip
+    clock_hz: Fact | None = None                 # NVIDIA GPU: boost clock
+    compute_capability: Fact | None = None       # NVIDIA GPU: (major, minor)
     sources: dict[str, Fact] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -175,7 +178,14 @@ _KIB = 1024
 
 
 def _gpu(chip: str, mma: dict, mma_src: str, mma_note: str, tcs: int, sms: int, sms_src: str, smem: int,
-         smem_src: str, smem_note: str, regs: int, regs_src: str, regs_note: str, notes=()) -> TileModel:
+         smem_src: str, smem_note: str, regs: int, regs_src: str, regs_note: str, notes=(), *,
+         die: tuple | None = None) -> TileModel:
+    """A GPU's tile model; `die` = (L2 bytes, boost clock Hz, compute capability, source, note) where known (the
+    facts a deviceless XLA:GPU compile reads, partitioning.topology.gpu_target_config)."""
+    l2 = clock = cc = None
+    if die:
+        l2_b, hz, cap, src, note = die
+        l2, clock, cc = Fact(l2_b, src, note=note), Fact(hz, src, note=note), Fact(cap, CUDA_SPECS)
     return TileModel(
         chip=chip, kind="gpu",
         matrix_unit=Fact(mma["bfloat16"], mma_src, note=mma_note),
@@ -183,7 +193,7 @@ def _gpu(chip: str, mma: dict, mma_src: str, mma_note: str, tcs: int, sms: int, 
         cores=Fact(sms, sms_src, note=f"{sms} SMs/CUs per GPU"),
         native_tiles={}, mma_shapes=dict(mma),
         vector_register=Fact(regs, regs_src, note=regs_note),
-        onchip_bytes=Fact(smem, smem_src, note=smem_note),
+        onchip_bytes=Fact(smem, smem_src, note=smem_note), l2_bytes=l2, clock_hz=clock, compute_capability=cc,
         sources={"mma_shapes": Fact({k: list(v) for k, v in mma.items()}, mma_src, note=mma_note),
                  "alignment": Fact(16, NV_MATMUL_GUIDE if chip[0] in "abh" else ROCM_SPECS,
                                    note="operand rows aligned to 16 bytes for the tensor-core path; "
@@ -192,20 +202,32 @@ def _gpu(chip: str, mma: dict, mma_src: str, mma_note: str, tcs: int, sms: int, 
 
 
 _NV_REG = ("64 K 32-bit registers per SM = 256 KiB", CUDA_SPECS)
+NV_A100_DATASHEET = ("NVIDIA A100 datasheet and Ampere architecture whitepaper, https://www.nvidia.com/content/dam/"
+                     "en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+NV_HOPPER = ("NVIDIA H100 datasheet and Hopper architecture whitepaper, https://resources.nvidia.com/en-us-tensor-"
+             "core/nvidia-tensor-core-gpu-datasheet (H200: the same GH100 die)")
+NV_B200_BRIEF = ("NVIDIA Blackwell architecture technical brief (148 SMs), https://resources.nvidia.com/en-us-dgx-"
+                 "systems/dgx-b200-datasheet")
 TILES.update({
     "a100-80gb": _gpu("a100-80gb", _SM80_MMA, PTX_MMA, "mma.sync (warp-level), sm80", 4, 108, NV_MATMUL_GUIDE,
                       164 * _KIB, CUDA_SPECS, "164 KB shared memory per SM (compute capability 8.0, of 192 KB L1)",
-                      256 * _KIB, CUDA_SPECS, _NV_REG[0]),
+                      256 * _KIB, CUDA_SPECS, _NV_REG[0],
+                      die=(40 * _MIB, 1.41e9, (8, 0), NV_A100_DATASHEET, "40 MB L2, 1.41 GHz boost")),
     "h100-sxm": _gpu("h100-sxm", _SM90_MMA, PTX_WGMMA, "wgmma.mma_async (warpgroup of 4 warps), sm90a", 4, 132,
                      NV_MATMUL_GUIDE, 228 * _KIB, CUDA_SPECS, "228 KB shared memory per SM (compute capability 9.0)",
-                     256 * _KIB, CUDA_SPECS, _NV_REG[0]),
+                     256 * _KIB, CUDA_SPECS, _NV_REG[0],
+                     die=(50 * _MIB, 1.98e9, (9, 0), NV_HOPPER, "SXM5: 50 MB L2, 1.98 GHz boost")),
     "h200": _gpu("h200", _SM90_MMA, PTX_WGMMA, "wgmma.mma_async, sm90a (same GH100 die as H100)", 4, 132,
                  NV_MATMUL_GUIDE, 228 * _KIB, CUDA_SPECS, "228 KB shared memory per SM (compute capability 9.0)",
-                 256 * _KIB, CUDA_SPECS, _NV_REG[0]),
+                 256 * _KIB, CUDA_SPECS, _NV_REG[0],
+                 die=(50 * _MIB, 1.98e9, (9, 0), NV_HOPPER, "as H100: 50 MB L2, 1.98 GHz boost")),
     "b200": _gpu("b200", _SM100_MMA, PTX_TCGEN05, "tcgen05.mma with one CTA (M=128; 256 with a CTA pair), sm100a",
                  4, 148, CUDA_SPECS, 228 * _KIB, CUDA_SPECS, "228 KB shared memory per SM (compute capability 10.0)",
                  256 * _KIB, CUDA_SPECS, _NV_REG[0],
-                 notes=("tcgen05 accumulates in tensor memory (256 KB per SM), not registers",)),
+                 notes=("tcgen05 accumulates in tensor memory (256 KB per SM), not registers",),
+                 die=(126 * _MIB, 1.965e9, (10, 0), NV_B200_BRIEF, "L2 size and clock are not on an NVIDIA "
+                      "datasheet: 126 MB and 1.965 GHz are third-party microbenchmark figures and only steer the "
+                      "compiler's tiling")),
     "b300": _gpu("b300", _SM100_MMA, PTX_TCGEN05, "tcgen05.mma (Blackwell Ultra, sm103a; as B200)", 4, 148,
                  CUDA_SPECS, 228 * _KIB, CUDA_SPECS, "228 KB shared memory per SM (Blackwell; as B200, as known)",
                  256 * _KIB, CUDA_SPECS, _NV_REG[0],

@@ -116,15 +116,8 @@ def default_batch(n_chips: int) -> int:
 
 
 def chip_spec(target: topo.Target):
-    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec), matched by name or alias: per chip."""
-    last = None
-    for name in target.spec_names:
-        try:
-            return hardware.catalogue_spec(name)
-        except WorkbenchError as e:
-            last = e
-    raise WorkbenchError(f"no hardware catalogue entry for {target.family} (tried {', '.join(target.spec_names)}): "
-                         f"{last}")
+    """The catalogue HardwareSpec of the target's chip (workbench.hardware.spec): per chip."""
+    return hardware.catalogue_spec(target.chip)
 
 
 def target_spec(target: topo.Target):

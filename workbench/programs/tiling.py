@@ -68,12 +68,7 @@ def parse_tiling_target(text: str) -> TilingTarget:
         return TilingTarget(raw, "host", 1, None)
     if ":" in raw:
         t = topo.parse_target(raw)
-        for name in t.spec_names:
-            try:
-                return TilingTarget(raw, resolve_name(name), t.n_chips, t)
-            except WorkbenchError:
-                continue
-        raise WorkbenchError(f"target {text!r} has no hardware catalogue entry")
+        return TilingTarget(raw, t.chip, t.n_chips, t)
     try:
         chip = resolve_name(raw)
     except WorkbenchError:
