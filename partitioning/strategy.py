@@ -12,6 +12,7 @@ asks it instead of repeating `if strategy in (...)` chains.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from partitioning.mesh import CONTEXT_AXIS, STAGE_AXIS, TENSOR_AXIS
@@ -50,7 +51,7 @@ class Strategy:
         """Whether the strategy runs the stacked layers as a pipeline over the `stage` mesh axis."""
         return STAGE_AXIS in self.rules.mesh_axes_for("layers")
 
-    @property
+    @functools.cached_property
     def base(self) -> "Strategy":
         """pp+fsdp -> fsdp, pp+tp -> tp, pp+fsdp+tp -> fsdp+tp, pp -> dp; itself for the others."""
         if not self.pipelined:
@@ -66,7 +67,7 @@ class Strategy:
         """Whether the strategy splits the sequence over the `context` mesh axis (cp, fsdp+cp, fsdp+tp+cp)."""
         return CONTEXT_AXIS in self.rules.mesh_axes_for("seq")
 
-    @property
+    @functools.cached_property
     def without_context(self) -> "Strategy":
         """cp -> dp, fsdp+cp -> fsdp, fsdp+tp+cp -> fsdp+tp (the rest of the mesh); itself for the others."""
         if not self.context_parallel:

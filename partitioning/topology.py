@@ -300,10 +300,13 @@ def _host_bounds(target: Target) -> tuple[int, int, int]:
     return (2, 2, 1)
 
 
-@functools.lru_cache(maxsize=None)
-def tpu_devices(target_name: str) -> tuple:
+def tpu_devices(target: "Target | str") -> tuple:
     """Compile-only TPU devices for the slice (no TPU needed). Cached per target; the CPU stays JAX's default."""
-    target = parse_target(target_name)
+    return _tpu_devices(target if isinstance(target, Target) else parse_target(target))
+
+
+@functools.lru_cache(maxsize=None)
+def _tpu_devices(target: "Target") -> tuple:
     if target.kind != "tpu":
         raise WorkbenchError(f"{target.name} is not a TPU target")
     require_libtpu()
@@ -365,10 +368,13 @@ def gpu_compiler_for(target: Target, choice: str = "auto") -> str:
     return choice
 
 
-@functools.lru_cache(maxsize=None)
-def xla_gpu_devices(target_name: str) -> tuple:
+def xla_gpu_devices(target: "Target | str") -> tuple:
     """Compile-only devices of XLA:GPU for a GPU node (no GPU needed; JAX CUDA plugin required)."""
-    target = parse_target(target_name)
+    return _xla_gpu_devices(target if isinstance(target, Target) else parse_target(target))
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_gpu_devices(target: "Target") -> tuple:
 
     default_platform()
     try:
@@ -392,9 +398,9 @@ def target_devices(target: Target, gpu_compiler: str = "auto") -> list:
     workbench.hardware.devices.request_devices(target.n_chips) before JAX started; a mismatch is a one-line error).
     """
     if target.kind == "tpu":
-        return list(tpu_devices(target.name))
+        return list(tpu_devices(target))
     if gpu_compiler_for(target, gpu_compiler) == "xla-gpu":
-        return list(xla_gpu_devices(target.name))
+        return list(xla_gpu_devices(target))
     import jax
 
 
@@ -443,10 +449,10 @@ def mesh_factorizations(n: int, axes: tuple[str, ...] = ("data", "model")) -> li
     return out
 
 
-def setup_target_devices(target_text: str, gpu_compiler: str = "auto") -> "Target":
-    """Parse the target and make its devices available BEFORE JAX starts (GPU nodes compiled on simulated CPUs:
-    that many CPU devices)."""
-    target = parse_target(target_text)
+def setup_target_devices(target: "Target | str", gpu_compiler: str = "auto") -> "Target":
+    """Parse the target (unless given parsed) and make its devices available BEFORE JAX starts (GPU nodes compiled
+    on simulated CPUs: that many CPU devices)."""
+    target = target if isinstance(target, Target) else parse_target(target)
     if gpu_compiler_for(target, gpu_compiler) == "cpu-sim":
         request_devices(target.n_chips)
     else:

@@ -93,7 +93,7 @@ def test_resource_exhausted_compile_is_an_answer():
     mesh = Mesh(np.array(devs).reshape(4), ("data",), axis_types=(AxisType.Auto,))
     x = jax.ShapeDtypeStruct((4 * 65536, 32768), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
     lowered = jax.jit(lambda a: (a * 2, a + 1)).lower(x)  # 8 GiB in, 16 GiB out per chip
-    lw = wp.Lowered(wp.PredictSpec("tiny", t.name, "dp"), t, __import__("models.presets").presets.get_config("tiny"),
+    lw = wp.Lowered(wp.resolve(wp.PredictSpec("tiny", t.name, "dp"), t), __import__("models.presets").presets.get_config("tiny"),
                     mesh, {"data": 4}, 4, 64, "libtpu", lowered, 0.0, 0.0, 0.0, [])
     compiled, secs, words = wp.compile_lowered(lw)
     assert compiled is None and "RESOURCE_EXHAUSTED" in words

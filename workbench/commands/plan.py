@@ -54,10 +54,10 @@ def register(app: typer.Typer) -> None:
     ):
         """Compile every candidate partitioning for the target, drop what does not fit, rank by predicted step."""
         from partitioning.topology import setup_target_devices
-        from workbench.commands.predict import check_inputs
+        from workbench.commands.options import check_inputs
 
         strats = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
-        check_inputs(policy=policy, strategies=strats or (), batch=batch, seq=seq)
+        check_inputs(batch=batch, seq=seq)
         positive_int("--max-candidates", max_candidates)
         positive_int("--top", top)
         if workers is not None:
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
                 def on_progress(done, total, msg):
                     prog.update(task, completed=done, total=total, description=f"{msg[:60]}")
 
-                r = plan(preset, tgt.name, batch=batch, seq=seq, max_candidates=max_candidates, strategies=strats,
+                r = plan(preset, tgt, batch=batch, seq=seq, max_candidates=max_candidates, strategies=strats,
                          policy=policy, overrides=set_, workers=workers, use_cache=not no_cache,
                          exhaustive=exhaustive, gpu_compiler=gpu_compiler, on_progress=on_progress, executor=executor)
         finally:

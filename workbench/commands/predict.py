@@ -10,21 +10,9 @@ from typing import Optional
 import typer
 
 from partitioning.topology import setup_target_devices
+from workbench.commands.options import check_inputs
 from workbench.errors import positive_int
 from workbench.results.console import emit_json, fmt, print_table, stderr_console
-
-
-def check_inputs(*, policy: str, strategies=(), batch=None, seq=None, microbatches=None) -> None:
-    """One-line errors for a predict/plan spec's own inputs, before any target device is built."""
-    from models.precision import get_policy
-    from partitioning.strategy import get_strategy
-
-    get_policy(policy)
-    for s in strategies:
-        get_strategy(s)
-    for name, v in (("--batch", batch), ("--seq", seq), ("--microbatches", microbatches)):
-        if v is not None:
-            positive_int(name, v)
 
 
 def summary_rows(r: dict) -> list[dict]:
@@ -112,21 +100,23 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout"),
     ):
         """Compile for the target (abstract inputs, no device memory), check memory, predict step time and MFU."""
-        check_inputs(policy=policy, strategies=[strategy], batch=batch, seq=seq, microbatches=microbatches)
+        check_inputs(batch=batch, seq=seq, microbatches=microbatches)
         positive_int("--pipeline-repeats", pipeline_repeats)
         from models.pipeline import check_schedule_name
 
         check_schedule_name(pipeline_schedule)
-        tgt = setup_target_devices(target, gpu_compiler)
-        from workbench.programs.predict import PredictSpec, predict
+        from workbench.programs.predict import PredictSpec, predict, resolve
 
-        spec = PredictSpec(preset=preset, target=tgt.name, strategy=strategy, mesh=mesh, batch=batch, seq=seq,
-                           mode=mode, remat=remat, microbatches=microbatches, policy=policy, overrides=set_,
-                           gpu_compiler=gpu_compiler, pipeline_repeats=pipeline_repeats,
-                           pipeline_schedule=pipeline_schedule, shard_activations=shard_activations)
+        # the names resolved once (target, strategy, rules, policy); the programs take the objects
+        resolved = resolve(PredictSpec(
+            preset=preset, target=target, strategy=strategy, mesh=mesh, batch=batch, seq=seq, mode=mode, remat=remat,
+            microbatches=microbatches, policy=policy, overrides=set_, gpu_compiler=gpu_compiler,
+            pipeline_repeats=pipeline_repeats, pipeline_schedule=pipeline_schedule,
+            shard_activations=shard_activations))
+        tgt = setup_target_devices(resolved.target, gpu_compiler)
         con = stderr_console()
         with con.status(f"compiling {preset} {mode} for {tgt.name} ({strategy})"):
-            r = predict(spec, compile_anyway=compile_anyway)
+            r = predict(resolved, compile_anyway=compile_anyway)
         if as_json:
             emit_json(r)
         else:

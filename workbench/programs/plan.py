@@ -45,7 +45,7 @@ PIPELINE_MICROBATCHES = (1, 2, 4)  # × the stage count: the pipeline's microbat
 #                                    (p-1)/(m+p-1): 43%, 27%, 16% at p = 4)
 
 
-def microbatch_choices(strategy: str, axes: dict[str, int]) -> tuple[int, ...]:
+def microbatch_choices(strategy, axes: dict[str, int]) -> tuple[int, ...]:
     """Microbatch counts for a strategy × mesh: gradient accumulation 1, 2, 4; a pipeline of p stages p, 2p, 4p."""
     st = get_strategy(strategy)
     if st.pipelined:
@@ -54,13 +54,14 @@ def microbatch_choices(strategy: str, axes: dict[str, int]) -> tuple[int, ...]:
     return MICROBATCHES
 
 
-def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq: int | None = None,
+def enumerate_candidates(preset: str, target: str | wp.Resolver, batch: int | None = None, seq: int | None = None,
                          strategies: list[str] | None = None, policy: str = "bf16", overrides: str | None = None,
                          gpu_compiler: str = "auto") -> list[wp.PredictSpec]:
     """All candidate specs in priority order: every strategy × mesh without remat or microbatching first, then
-    per-layer remat, then microbatching (so --max-candidates keeps the widest variety)."""
-
-    t = topo.parse_target(target)
+    per-layer remat, then microbatching (so --max-candidates keeps the widest variety). `target`: a target name or
+    the plan's Resolver (its target, each strategy resolved once)."""
+    res = target if isinstance(target, wp.Resolver) else wp.Resolver(topo.parse_target(target), policy)
+    t = res.target
     cfg = get_config(preset, overrides)
     seq = seq or cfg.seq_len
     batch = batch or wp.default_batch(t.n_chips)
@@ -70,23 +71,25 @@ def enumerate_candidates(preset: str, target: str, batch: int | None = None, seq
             raise WorkbenchError(f"unknown strategy {s!r}; choose from {', '.join(all_strategies())}")
     tiers: list[list[wp.PredictSpec]] = [[], [], []]
     for s in strats:
-        if get_strategy(s).pipelined and cfg.is_moe:
+        st = res.strategy(s)
+        if st.pipelined and cfg.is_moe:
             continue
-        for axes in get_strategy(s).mesh_candidates(t.n_devices, cfg, seq):
-            nb = get_strategy(s).batch_ways(axes)
+        for axes in st.mesh_candidates(t.n_devices, cfg, seq):
+            nb = st.batch_ways(axes)
             if batch % nb:
                 continue
             mesh = ",".join(f"{k}={v}" for k, v in axes.items())
             for remat in REMATS:
                 if remat == "offload" and t.kind != "tpu":
                     continue
-                for mb in microbatch_choices(s, axes):
+                choices = microbatch_choices(st, axes)
+                for mb in choices:
                     if (batch // nb) % mb:
                         continue
                     spec = wp.PredictSpec(preset, t.name, s, mesh=mesh, batch=batch, seq=seq, remat=remat,
                                           microbatches=mb, policy=policy, overrides=overrides,
                                           gpu_compiler=gpu_compiler)
-                    tiers[_tier(spec)].append(spec)
+                    tiers[_tier(spec, choices[0])].append(spec)
     return [c for tier in tiers for c in tier]
 
 
@@ -163,15 +166,19 @@ def default_workers() -> int:
     return max(1, min(4, n))
 
 
-def _tier(spec: wp.PredictSpec) -> int:
-    """0: the plain program (no remat, the fewest microbatches: 1, or p for a pipeline of p stages); 1: remat; 2:
-    more microbatches."""
-    axes = dict(kv.split("=") for kv in (spec.mesh or "").split(",") if "=" in kv)
-    base = microbatch_choices(spec.strategy, {k: int(v) for k, v in axes.items()})[0]
+def _mesh_axes(spec: wp.PredictSpec) -> dict[str, int]:
+    return {k: int(v) for k, v in (kv.split("=") for kv in (spec.mesh or "").split(",") if "=" in kv)}
+
+
+def _tier(spec: wp.PredictSpec, base: int | None = None) -> int:
+    """0: the plain program (no remat, the fewest microbatches `base`: 1, or p for a pipeline of p stages); 1: remat;
+    2: more microbatches."""
+    if base is None:
+        base = microbatch_choices(spec.strategy, _mesh_axes(spec))[0]
     return 0 if (spec.remat == "none" and spec.microbatches == base) else (1 if spec.microbatches == base else 2)
 
 
-def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None = None,
+def plan(preset: str, target: str | topo.Target, *, batch: int | None = None, seq: int | None = None,
          max_candidates: int | None = 24, strategies: list[str] | None = None, policy: str = "bf16",
          overrides: str | None = None, workers: int | None = None, use_cache: bool = True, store: bool = True,
          exhaustive: bool = False, gpu_compiler: str = "auto",
@@ -189,8 +196,9 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     back here, where the records are written and the tiers pruned, as in-process.
     """
     t0 = time.perf_counter()
-    t = topo.parse_target(target)
-    cands = enumerate_candidates(preset, t.name, batch, seq, strategies, policy, overrides, gpu_compiler)
+    t = target if isinstance(target, topo.Target) else topo.parse_target(target)
+    res = wp.Resolver(t, policy)
+    cands = enumerate_candidates(preset, res, batch, seq, strategies, policy, overrides, gpu_compiler)
     if not cands:
         raise WorkbenchError(f"no candidate partitioning for {preset} on {t.name} with batch {batch}: the batch "
                              "divides no data axis; use a batch that is a multiple of the chip count")
@@ -205,7 +213,8 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
     workers = executor.slots() if executor is not None else (workers or default_workers())
     outcomes: list[Outcome] = []
     pruned: list[dict] = []
-    state = {"done": 0, "expected": min(budget, sum(1 for c in cands if exhaustive or _tier(c) == 0))}
+    tier_of = {c: _tier(c, microbatch_choices(res.strategy(c.strategy), _mesh_axes(c))[0]) for c in cands}
+    state = {"done": 0, "expected": min(budget, sum(1 for c in cands if exhaustive or tier_of[c] == 0))}
 
     def tick(msg: str):
         state["done"] += 1
@@ -214,7 +223,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
 
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
         for tier in (0, 1, 2):
-            group = [c for c in cands if _tier(c) == tier]
+            group = [c for c in cands if tier_of[c] == tier]
             if not exhaustive and tier > 0:
                 keep = []
                 for c in group:
@@ -233,7 +242,7 @@ def plan(preset: str, target: str, *, batch: int | None = None, seq: int | None 
             if executor is not None:
                 outcomes.extend(_run_on(executor, group, t, gpu_compiler, use_cache, store, tick))
             else:
-                outcomes.extend(_run(group, pool, workers, compiler, use_cache, store, tick))
+                outcomes.extend(_run(group, res, pool, workers, compiler, use_cache, store, tick))
     elapsed = time.perf_counter() - t0
     result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
                        compiler if t.kind == "gpu" else "libtpu")
@@ -268,15 +277,15 @@ def _prune_reason(c: wp.PredictSpec, outcomes: list[Outcome]) -> str | None:
     return None
 
 
-def _run(group: list[wp.PredictSpec], pool, workers: int, compiler: str, use_cache: bool, store: bool,
-         tick) -> list[Outcome]:
+def _run(group: list[wp.PredictSpec], res: wp.Resolver, pool, workers: int, compiler: str, use_cache: bool,
+         store: bool, tick) -> list[Outcome]:
     """Lower each spec on this thread, compile in the pool (cache first), predict; outcomes in input order."""
     outcomes: list[Outcome | None] = [None] * len(group)
     pending: dict[cf.Future, tuple[int, wp.Lowered, str | None]] = {}
     for i, spec in enumerate(group):
         label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
         try:
-            lw = wp.lower(spec)  # tracing stays on this thread
+            lw = wp.lower(res(spec))  # tracing stays on this thread
         except WorkbenchError as e:
             outcomes[i] = Outcome(spec, "invalid", reason=str(e))
             tick(label + " (invalid)")

@@ -32,15 +32,15 @@ from typing import Any
 from models import inference, moe, pipeline, serving
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.config import resolve_attention
-from models.precision import get_policy
+from models.precision import PrecisionPolicy, get_policy
 from models.presets import get_config
 from models.remat import parse_remat
 from models.transformer import Transformer
 from partitioning import topology as topo
 from partitioning.mesh import make_mesh, parse_mesh_spec
-from partitioning.rules import get_rules
+from partitioning.rules import Rules, get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
-from partitioning.strategy import get_strategy
+from partitioning.strategy import Strategy, get_strategy
 from workbench import compat
 from workbench.cost.compile import is_resource_exhausted
 from workbench.cost.report import CostReport, costs_from_compiled
@@ -80,6 +80,59 @@ class PredictSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A PredictSpec's names turned into the objects the programs take: resolved once per command (`resolve`),
+    then passed down; the spec keeps the names for the record."""
+
+    spec: PredictSpec
+    target: topo.Target
+    strategy: Strategy
+    rules: Rules
+    policy: PrecisionPolicy
+
+    def with_remat(self, remat: str) -> "Resolved":
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, remat=remat))
+
+
+def resolve(spec: PredictSpec | Resolved, target: topo.Target | None = None) -> Resolved:
+    """Resolve a spec's target, strategy, rules and precision policy once (one-line errors for unknown names, before
+    any target device is built). `target`: one the caller has parsed already."""
+    if isinstance(spec, Resolved):
+        return spec
+    if spec.mode not in MODES:
+        raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    policy = get_policy(spec.policy)
+    if spec.strategy is None:
+        raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, "
+                             "fsdp+tp+cp, ep")
+    strategy = get_strategy(spec.strategy)
+    rules = get_rules(strategy.rules, shard_activations=spec.shard_activations)  # no tensor axis: one line
+    target = target or topo.parse_target(spec.target)
+    return Resolved(dataclasses.replace(spec, target=target.name), target, strategy, rules, policy)
+
+
+class Resolver:
+    """`resolve` for many specs on one target and policy (the planner's candidates): the target and the policy are
+    resolved once, each strategy once, whatever the number of specs."""
+
+    def __init__(self, target: topo.Target, policy: str):
+        self.target, self.policy = target, get_policy(policy)
+        self._strategies: dict[str, Strategy] = {}
+
+    def strategy(self, name: str) -> Strategy:
+        if name not in self._strategies:
+            self._strategies[name] = get_strategy(name)
+        return self._strategies[name]
+
+    def __call__(self, spec: PredictSpec) -> Resolved:
+        if spec.mode not in MODES:
+            raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+        st = self.strategy(spec.strategy)
+        return Resolved(dataclasses.replace(spec, target=self.target.name), self.target, st,
+                        get_rules(st.rules, shard_activations=spec.shard_activations), self.policy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +186,7 @@ def target_spec(target: topo.Target):
 class Lowered:
     """A program lowered for the target, ready to compile (the planner compiles these in parallel)."""
 
-    spec: PredictSpec
-    target: topo.Target
+    resolved: Resolved
     cfg: Any
     mesh: Any
     axes: dict[str, int]
@@ -146,6 +198,14 @@ class Lowered:
     input_bytes_per_device: float   # every argument of the step, from shard shapes
     lower_s: float
     notes: list[str]
+
+    @property
+    def spec(self) -> PredictSpec:
+        return self.resolved.spec
+
+    @property
+    def target(self) -> topo.Target:
+        return self.resolved.target
 
 
 def _shard_bytes(tree) -> float:
@@ -163,11 +223,9 @@ def _shard_bytes(tree) -> float:
     return float(total)
 
 
-def _build_program(cfg, spec: PredictSpec, mesh, batch: int, seq: int):
+def _build_program(cfg, r: Resolved, mesh, batch: int, seq: int):
     """(jitted step, abstract args tuple, abstract state) for the spec's mode, from the models' own builders."""
-
-    policy = get_policy(spec.policy)
-    rules = get_rules(spec.strategy, shard_activations=spec.shard_activations)
+    spec, policy, rules = r.spec, r.policy, r.rules
     if spec.mode == "train":
 
         out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=rules, batch_size=batch,
@@ -271,13 +329,10 @@ def _unpack_step(out):
     return step, args, getattr(out, "state", args[0] if args else None)
 
 
-def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, int, list[str]]:
+def prepare(spec: PredictSpec | Resolved) -> tuple[topo.Target, Any, dict[str, int], int, int, list[str]]:
     """Validate a spec: target, config, mesh axes, batch, sequence. One-line errors for bad input."""
-
-    if spec.mode not in MODES:
-        raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
-    get_policy(spec.policy)  # unknown policy: one line, before any target device is built
-    target = topo.parse_target(spec.target)
+    r = resolve(spec)
+    spec, target, strategy = r.spec, r.target, r.strategy
     cfg = get_config(spec.preset, spec.overrides)
     if spec.remat not in ("auto", None):
         try:
@@ -294,16 +349,9 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
             notes.append(f"--seq {seq} exceeds {spec.preset}'s learned position table ({cfg.seq_len} rows): compiled "
                          f"with the table grown to {seq} rows (as --set seq_len={seq})")
         cfg = cfg.replace(seq_len=seq)
-    if spec.strategy is None:
-        raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, "
-                             "fsdp+tp+cp, ep")
-    if spec.mesh:
-
-        axes = parse_mesh_spec(spec.mesh)
-    else:
-        axes = get_strategy(spec.strategy).default_mesh(target.n_devices, cfg)
+    axes = parse_mesh_spec(spec.mesh) if spec.mesh else strategy.default_mesh(target.n_devices, cfg)
     topo.check_mesh_size(axes, target.n_devices, target.name)
-    nb = get_strategy(spec.strategy).batch_ways(axes)
+    nb = strategy.batch_ways(axes)
     batch = spec.batch if spec.batch is not None else default_batch(target.n_chips)
     if batch < 1:
         raise WorkbenchError(f"--batch must be >= 1, got {batch}")
@@ -322,11 +370,10 @@ def prepare(spec: PredictSpec) -> tuple[topo.Target, Any, dict[str, int], int, i
     inference.kv_dtype_name(spec.kv_dtype)
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
-    if get_strategy(spec.strategy).pipelined and spec.mode != "train":
+    if strategy.pipelined and spec.mode != "train":
         raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
-    get_rules(spec.strategy, shard_activations=spec.shard_activations)  # a strategy without a tensor axis: one line
-    pipe, stacked = train.pipeline_for(cfg, spec.strategy, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
-                                       spec.pipeline_repeats, spec.pipeline_schedule, batch, spec.policy)
+    pipe, stacked = train.pipeline_for(cfg, strategy.rules, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
+                                       spec.pipeline_repeats, spec.pipeline_schedule, batch, r.policy)
     if stacked is not cfg:
         notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
         cfg = stacked
@@ -339,11 +386,12 @@ def pipeline_spec(spec: PredictSpec, axes: dict[str, int]) -> pipeline.PipelineS
                                  spec.pipeline_schedule)
 
 
-def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
+def lower(spec: PredictSpec | Resolved, *, precheck: bool = True, devices=None) -> Lowered:
     """Build the target's mesh and the abstract sharded step, and lower it (no compile yet). `devices`: real devices
     of the target's kind to lower for instead of compile-only ones (a GPU host predicting the program it runs)."""
-
-    target, cfg, axes, batch, seq, notes = prepare(spec)
+    r = resolve(spec)
+    spec, target = r.spec, r.target
+    _, cfg, axes, batch, seq, notes = prepare(r)
     if devices is not None and len(devices) != target.n_devices:
         raise WorkbenchError(f"{target.name} has {target.n_devices} devices; {len(devices)} were given")
     devices = list(devices) if devices is not None else topo.target_devices(target, spec.gpu_compiler)
@@ -351,9 +399,9 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     mesh = make_mesh(axes, devices=list(grid.flat))
     # attention 'auto' made concrete for the devices compiled for (the record says which); a decode step attends
     # over its cache with the model's own products whatever the choice
-    cfg = resolve_attention(cfg, devices[0].platform, get_policy(spec.policy).compute_dtype, seq)
+    cfg = resolve_attention(cfg, devices[0].platform, r.policy.compute_dtype, seq)
     t0 = time.perf_counter()
-    step, args, state = _build_program(cfg, spec, mesh, batch, seq)
+    step, args, state = _build_program(cfg, r, mesh, batch, seq)
     state_b = _shard_bytes(state)
     input_b = _shard_bytes(args)
     lowered = None
@@ -361,7 +409,7 @@ def lower(spec: PredictSpec, *, precheck: bool = True, devices=None) -> Lowered:
     if not (precheck and state_b > hbm):
         lowered = step.lower(*args)
     compiler = {"tpu": "libtpu", "gpu": "xla-gpu"}[target.kind] if devices[0].platform != "cpu" else "xla-cpu"
-    return Lowered(spec, target, cfg, mesh, axes, batch, seq, compiler, lowered, state_b, input_b,
+    return Lowered(r, cfg, mesh, axes, batch, seq, compiler, lowered, state_b, input_b,
                    time.perf_counter() - t0, notes)
 
 
@@ -439,7 +487,7 @@ def _base_fields(lw: Lowered, hw, tokens: int, mflops: float, floor_s: float, co
         "mode": spec.mode, "mesh": ",".join(f"{k}={v}" for k, v in lw.axes.items()), "batch": lw.batch, "seq": lw.seq,
         "tokens_per_step": tokens, "remat": lw.cfg.remat, "attention": lw.cfg.attention,
         "microbatches": spec.microbatches,
-        "policy": spec.policy, "compute_dtype": compute_dtype, "priced_dtype": priced_dtype(spec.policy),
+        "policy": spec.policy, "compute_dtype": compute_dtype, "priced_dtype": priced_dtype(lw.resolved.policy),
         "compiler": lw.compiler,
         "compiler_version": _compiler_version(lw.compiler),
         "hbm_bytes": hw.hbm_bytes, "state_bytes_per_device": lw.state_bytes_per_device,
@@ -485,11 +533,11 @@ class _Priced:
 
 def _price_compiled(lw: Lowered, compiled, hw, compute_dtype: str, notes: list[str]) -> _Priced:
     """Read the compiled program's costs and price them on the target (float32 on a TPU at its MXU pass count)."""
-    target, spec = lw.target, lw.spec
+    target = lw.target
     # XLA:GPU gives no cost_analysis: the report holds the HLO reader's sums and says so (cost_analysis_unavailable)
     cost = costs_from_compiled(compiled, n_devices=target.n_devices, mesh=lw.mesh, compute_dtype=compute_dtype)
     k = torus_axes_of(cost, lw.mesh) if target.kind == "tpu" else 1
-    price = priced_dtype(spec.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
+    price = priced_dtype(lw.resolved.policy)  # the one rule `workbench run` uses too (workbench/roofline/pricing.py)
     price_hw = hw
     if price == "float32" and target.kind == "tpu":
         price_hw, f32_note = tpu_float32_spec(hw, compiled.as_text())
@@ -552,8 +600,7 @@ def _compiled_fields(lw: Lowered, p: _Priced, hw, *, fits: bool, flop_counts, st
 
 def _pipeline_fields(lw: Lowered, p: _Priced, step: float, floor_s: float) -> dict | None:
     """pp strategies: the schedule's bubble terms and how the compiled program holds the bubble; None otherwise."""
-    spec = lw.spec
-    strat = get_strategy(spec.strategy)
+    spec, strat = lw.spec, lw.resolved.strategy
     if not strat.pipelined:
         return None
     shape = dict(lw.axes)
@@ -605,7 +652,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
     mflops, mflops_how = model_flops(lw.cfg, spec.mode, lw.batch, lw.seq)
     floor_s = mflops / (n * hw.peak("bfloat16"))  # = mflops / (chips × chip peak)
     notes = list(lw.notes)
-    compute_dtype = _policy_dtype(spec.policy)
+    compute_dtype = dtype_name(lw.resolved.policy.compute_dtype)
     out = _base_fields(lw, hw, tokens, mflops, floor_s, compute_dtype, compile_s)
     if lw.cfg.is_moe:  # the analytic MoE buffers, beside (or instead of, when it does not compile) memory_analysis
         out["moe_memory"] = moe_memory_of(lw)
@@ -648,14 +695,14 @@ def moe_memory_of(lw: Lowered) -> dict:
     cfg, spec = lw.cfg, lw.spec
     if not cfg.is_moe:
         return {}
-    s = get_strategy(spec.strategy)
+    s = lw.resolved.strategy
     ways = s.batch_ways(lw.axes)
     t = lw.seq if spec.mode != "decode" else 1
     tokens = lw.batch // ways // max(spec.microbatches, 1) * t
     ep = lw.axes.get("expert", 1) if s.needs_moe else 1
     tensor = lw.axes.get("model", 1) if s.splits_tensors else 1
     fsdp = lw.axes.get("data", 1) if "data" in s.rules.mesh_axes_for("embed") else 1
-    cb = int(jnp_itemsize(_policy_dtype(spec.policy)))
+    cb = int(jnp_itemsize(dtype_name(lw.resolved.policy.compute_dtype)))
     return moe_layer_memory(cfg, max(tokens, 1), compute_bytes=cb, ep=ep, tensor=tensor, fsdp=fsdp,
                             backward=spec.mode == "train", fused=moe_memory_fused(cfg, moe.platform_of(lw.mesh)))
 
@@ -695,11 +742,6 @@ def explain_bottleneck(pred, step: float, floor_s: float) -> str:
     return f"{name}-bound: {name} {t:.3g}s of a {step:.3g}s step ({others})"
 
 
-def _policy_dtype(policy: str) -> str:
-
-    return dtype_name(get_policy(policy).compute_dtype)
-
-
 def _gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
 
@@ -721,9 +763,10 @@ def _overshoot_from_words(words: str) -> tuple[float, float] | None:
 # ----------------------------------------------------------------------------------------------- entry points
 
 
-def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> TargetPrediction:
+def predict_once(spec: PredictSpec | Resolved, *, compile_anyway: bool = False) -> TargetPrediction:
     """Lower, compile and predict one spec exactly as given (no automatic remat)."""
     lw = lower(spec, precheck=not compile_anyway)
+    spec = lw.spec
     compiled, cs, err = (None, None, None)
     if lw.lowered is not None:
         n = lw.mesh.size
@@ -734,20 +777,22 @@ def predict_once(spec: PredictSpec, *, compile_anyway: bool = False) -> TargetPr
     return predict_lowered(lw, compiled, cs, err)
 
 
-def predict(spec: PredictSpec, *, store: bool = True, compile_anyway: bool = False) -> TargetPrediction:
+def predict(spec: PredictSpec | Resolved, *, store: bool = True, compile_anyway: bool = False) -> TargetPrediction:
     """Compile `spec` for its target and predict one step (also stored).
 
     remat='auto' (train): the preset's rematerialization first; when the compiler runs out of memory with none,
     per-layer rematerialization is compiled too and becomes the answer; the record keeps what the first try said.
     """
-    body = predict_once(spec, compile_anyway=compile_anyway)
+    r = resolve(spec)
+    spec = r.spec
+    body = predict_once(r, compile_anyway=compile_anyway)
     if store:
         record(body, spec, kind="predict")
     if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
             and body.get("compile_s") is not None and body["remat"] != "per-layer"):
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
         say(f"predict: with remat {body['remat']} the step does not fit; trying per-layer rematerialization")
-        second = predict_once(dataclasses.replace(spec, remat="per-layer"), compile_anyway=compile_anyway)
+        second = predict_once(r.with_remat("per-layer"), compile_anyway=compile_anyway)
         second = second.with_fields(remat_auto={
             "tried_first": body["remat"], **first, "chosen": "per-layer",
             "why": ("without rematerialization" if body["remat"] == "none" else f"with remat {body['remat']}")
