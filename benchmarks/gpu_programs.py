@@ -31,8 +31,8 @@ from partitioning.rules import get_rules
 from workbench import compat
 from workbench.measure.harness import measure_steps, random_inputs
 from workbench.measure.kernels import KernelTrace, events_from_trace, join, trace_events
-from workbench.programs import train
 from workbench.programs.predict import PredictSpec, build_inference_step, lower, predict, predict_lowered, target_spec
+from workbench.programs.step import build_train_step
 from workbench.roofline import prediction as roofline
 from workbench.roofline.pricing import priced_dtype
 
@@ -75,7 +75,7 @@ def _concrete_inputs(lw):
     spec = lw.spec
     policy = get_policy(spec.policy)
     if spec.mode == "train":
-        prog = train.build_train_step(lw.cfg, policy=policy, mesh=lw.mesh, strategy=get_rules(spec.strategy),
+        prog = build_train_step(lw.cfg, policy=policy, mesh=lw.mesh, strategy=get_rules(spec.strategy),
                                       batch_size=lw.batch, seq_len=lw.seq, microbatches=spec.microbatches)
 
         def make_step(program):

@@ -9,7 +9,7 @@ The same model on both sides: the workbench's preset (for `small`: GPT-2 style, 
 positions, tanh GELU, tied embeddings, 4 layers of d_model 512, 8 heads, d_ff 2048, 256 byte tokens, 256 positions)
 with the workbench's initialisation (normal 0.02; residual output projections 0.02/sqrt(2L); positions 0.01; zero
 biases), the same optimizer (global-norm clipping at 1.0, then AdamW b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1 on
-matrices only, linear warm-up then cosine to 10 %: workbench.programs.train.make_optimizer) and the same batches of
+matrices only, linear warm-up then cosine to 10 %: workbench.programs.step.make_optimizer) and the same batches of
 the stdlib corpus (workbench.programs.data.Batches). PyTorch's bf16 is torch.autocast('cpu', torch.bfloat16) over
 float32 master weights, the counterpart of the workbench's bf16 policy; its attention is
 F.scaled_dot_product_attention(is_causal=True), what a PyTorch user writes.
@@ -49,7 +49,7 @@ from workbench.measure.calibrate import bf16_isa, cpu_features, get_spec
 from workbench.measure.device import chip_for
 from workbench.measure.harness import measure_steps
 from workbench.programs.data import Batches, shard_batch
-from workbench.programs.train import build_train_step, default_learning_rate
+from workbench.programs.step import build_train_step, default_learning_rate
 from workbench.results.figures import peer_chart
 from workbench.results.store import Store, make_record
 
@@ -63,7 +63,7 @@ except ModuleNotFoundError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRECISIONS = ("float32", "bf16")
 SIDES = ("workbench", "torch", "torch-compile")  # torch: eager PyTorch; torch-compile: torch.compile'd model
-WEIGHT_DECAY, CLIP_NORM, BETAS, EPS = 0.1, 1.0, (0.9, 0.95), 1e-8  # as workbench.programs.train.make_optimizer
+WEIGHT_DECAY, CLIP_NORM, BETAS, EPS = 0.1, 1.0, (0.9, 0.95), 1e-8  # as workbench.programs.step.make_optimizer
 
 
 def torch_missing_message() -> str:
@@ -73,7 +73,7 @@ def torch_missing_message() -> str:
 
 # --------------------------------------------------------------------------------------------- the schedule
 def lr_schedule(learning_rate: float, total_steps: int) -> np.ndarray:
-    """The learning rate of every step of workbench.programs.train.make_optimizer's schedule (optax
+    """The learning rate of every step of workbench.programs.step.make_optimizer's schedule (optax
     warmup_cosine_decay_schedule: linear from lr/(warmup+1) to lr over `warmup` steps, cosine to 0.1·lr at
     total_steps), as a plain array for the PyTorch side (which must not start JAX)."""
     total = max(int(total_steps), 1)

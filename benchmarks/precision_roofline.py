@@ -38,7 +38,7 @@ from workbench.hardware.devices import default_platform
 from workbench.measure.calibrate import get_spec
 from workbench.measure.harness import measure_steps
 from workbench.programs.data import Batches, shard_batch
-from workbench.programs.train import abstract_with, build_train_step
+from workbench.programs.step import abstract_with, build_train_step
 from workbench.results import store as results
 from workbench.roofline.prediction import predict
 

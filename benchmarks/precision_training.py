@@ -20,7 +20,8 @@ from models.quant import POLICY_ORDER
 from partitioning.mesh import make_mesh
 from workbench.hardware.devices import default_platform
 from workbench.programs.data import Batches, shard_batch
-from workbench.programs.train import build_train_step, train_model
+from workbench.programs.step import build_train_step
+from workbench.programs.train import train_model
 from workbench.results import store as results
 
 

@@ -66,7 +66,7 @@ from workbench.measure.kernels import join, trace_kernels
 from workbench.programs.experiment import run_program, summary
 from workbench.programs.ops import program
 from workbench.programs.predict import build_inference_step
-from workbench.programs.train import build_train_step
+from workbench.programs.step import build_train_step
 from workbench.results.console import print_table
 from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import memory_bw, predict

@@ -12,7 +12,7 @@ from models.transformer import Transformer, count_params
 
 
 def test_lr_schedule_is_the_workbench_schedule():
-    """The PyTorch side's learning rates are the optax schedule of workbench.programs.train.make_optimizer."""
+    """The PyTorch side's learning rates are the optax schedule of workbench.programs.step.make_optimizer."""
     for lr, total in ((1e-3, 1000), (3e-3, 40), (1e-3, 5)):
         warmup = min(100, max(total // 10, 1))
         ref = optax.warmup_cosine_decay_schedule(lr / (warmup + 1), lr, warmup, max(total, warmup + 1),

@@ -67,7 +67,7 @@ def test_a_kernel_lasts_until_its_completion_mark():
 def scanned_fsdp():
     """tiny with scanned layers (a while loop), fsdp on 8 simulated devices (all-gathers, reduce-scatters)."""
     from workbench.cost.compile import compile_program
-    from workbench.programs.train import build_train_step
+    from workbench.programs.step import build_train_step
 
     cfg = get_config("tiny", "scan_layers=true")
     mesh = make_mesh("data=8")

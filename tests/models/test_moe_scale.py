@@ -214,7 +214,7 @@ def test_fsdp_layer_routes_per_shard_and_reduce_scatters_gradients(strategy, spe
 
 
 def _step_hlo(strategy, mesh_spec, overrides):
-    from workbench.programs.train import build_train_step
+    from workbench.programs.step import build_train_step
 
     cfg = get_config("tiny-moe", overrides)
     prog = build_train_step(cfg, policy="float32", mesh=make_mesh(mesh_spec), strategy=strategy, batch_size=16,

@@ -18,7 +18,7 @@ from partitioning.strategy import get_strategy
 from workbench import compat
 from workbench.errors import WorkbenchError
 from workbench.programs.data import Batches, load_corpus
-from workbench.programs.train import build_train_step, cross_entropy, cross_entropy_one_hot
+from workbench.programs.step import build_train_step, cross_entropy, cross_entropy_one_hot
 from workbench.testing import assert_close, tol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

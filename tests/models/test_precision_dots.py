@@ -12,7 +12,7 @@ from partitioning.mesh import make_mesh
 from workbench.compat import shard_map
 from workbench.cost.hlo import parse_dots
 from workbench.programs.data import Batches, shard_batch
-from workbench.programs.train import build_train_step
+from workbench.programs.step import build_train_step
 from workbench.testing import assert_close
 
 

@@ -275,7 +275,7 @@ def test_hand_derivation_says_what_each_strategy_means():
 
 # ------------------------------------------------------------------------------------------------- optimizer state
 def test_optimizer_state_is_sharded_like_its_parameters():
-    from workbench.programs.train import build_train_step
+    from workbench.programs.step import build_train_step
 
     mesh = make_mesh("data=2,model=4")
     prog = build_train_step(get_config("tiny"), policy="float32", mesh=mesh, strategy="fsdp+tp", batch_size=8,

@@ -8,7 +8,7 @@ from models.presets import get_config
 from partitioning.mesh import make_mesh
 from partitioning.strategy import get_strategy
 from workbench.programs.data import Batches
-from workbench.programs.train import build_train_step
+from workbench.programs.step import build_train_step
 
 B, T = 8, 64
 

@@ -59,7 +59,7 @@ def test_policy_trains_tiny_50_steps(policy):
     from models.presets import get_config
     from partitioning.mesh import make_mesh
     from workbench.programs.data import Batches, shard_batch
-    from workbench.programs.train import build_train_step
+    from workbench.programs.step import build_train_step
 
     cfg = get_config("tiny", None)
     mesh = make_mesh("data=1", devices=jax.devices()[:1])

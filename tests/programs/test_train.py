@@ -11,7 +11,8 @@ from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.errors import WorkbenchError
 from workbench.programs.data import Batches, load_corpus
-from workbench.programs.train import build_train_step, train_model
+from workbench.programs.step import build_train_step
+from workbench.programs.train import train_model
 from workbench.testing import assert_close, tol
 
 GQA_TP = "pos=rope,norm=rmsnorm,mlp=swiglu,n_heads=8,n_kv_heads=4,head_dim=8,bias=false,tie_embeddings=false"

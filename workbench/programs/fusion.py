@@ -62,9 +62,9 @@ from workbench.hardware.devices import default_platform
 from workbench.hardware.spec import dtype_name
 from workbench.measure.calibrate import cache_dir, get_spec
 from workbench.measure.harness import measure, measure_steps, profile_kernels, random_inputs
-from workbench.programs import train
 from workbench.programs.ops import build
 from workbench.programs.predict import target_spec
+from workbench.programs.step import build_train_step
 from workbench.results.store import Store, make_record
 from workbench.roofline.prediction import kernel_roof, predict, roof_seconds
 
@@ -167,12 +167,12 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
             "overrides": overrides, "strategy": "dp"}
     desc = f"{preset} {program} (batch {batch}, seq {seq}, {precision}, data-parallel over {n} device(s))"
     if program in ("train", "forward"):
-        prog = train.build_train_step(cfg, policy=precision, mesh=mesh, strategy="dp", batch_size=batch,
+        prog = build_train_step(cfg, policy=precision, mesh=mesh, strategy="dp", batch_size=batch,
                                       seq_len=seq, abstract=True)
         st, bt = prog.state, prog.batch
         if program == "train":
             def concrete():
-                p2 = train.build_train_step(cfg, policy=precision, mesh=mesh, strategy="dp", batch_size=batch,
+                p2 = build_train_step(cfg, policy=precision, mesh=mesh, strategy="dp", batch_size=batch,
                                             seq_len=seq)
                 return (p2.state, p2.batch)
 

@@ -47,8 +47,8 @@ from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import WorkbenchError
 from workbench.hardware import spec as hardware
 from workbench.hardware.spec import dtype_name
-from workbench.programs import train
 from workbench.programs.flop_counts import reconcile as reconcile_flops
+from workbench.programs.step import build_train_step, pipeline_for
 from workbench.results.console import say
 from workbench.results.store import RecordView, Store, make_record
 from workbench.roofline import prediction as roofline
@@ -228,7 +228,7 @@ def _build_program(cfg, r: Resolved, mesh, batch: int, seq: int):
     spec, policy, rules = r.spec, r.policy, r.rules
     if spec.mode == "train":
 
-        out = train.build_train_step(cfg, policy=policy, mesh=mesh, strategy=rules, batch_size=batch,
+        out = build_train_step(cfg, policy=policy, mesh=mesh, strategy=rules, batch_size=batch,
                                      seq_len=seq, microbatches=spec.microbatches, abstract=True,
                                      pipeline_repeats=spec.pipeline_repeats,
                                      pipeline_schedule=spec.pipeline_schedule)
@@ -372,7 +372,7 @@ def prepare(spec: PredictSpec | Resolved) -> tuple[topo.Target, Any, dict[str, i
         raise WorkbenchError("--microbatches applies to --mode train only")
     if strategy.pipelined and spec.mode != "train":
         raise WorkbenchError(f"{spec.strategy} pipelines the training step only; use --mode train")
-    pipe, stacked = train.pipeline_for(cfg, strategy.rules, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
+    pipe, stacked = pipeline_for(cfg, strategy.rules, int(axes.get(pipeline.STAGE_AXIS, 1)), spec.microbatches,
                                        spec.pipeline_repeats, spec.pipeline_schedule, batch, r.policy)
     if stacked is not cfg:
         notes.append("pipelined: the layers are stacked (scan_layers=true) so that their axis shards over stage")
