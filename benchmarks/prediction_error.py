@@ -92,11 +92,11 @@ def machine_now(host, cal: dict):
     bw = stream_out_of_place(_BUF["x"], reps=3, trips=(1, 3))["bytes_per_s"]
     rate = matmul_sample(_BUF["probe"], 3)
     f = rate / cal["matmul"]["float32"]["flops_per_s"]
-    curve = tuple((m, r * f) for m, r in host.matmul_curve) if host.matmul_curve else None
-    curves = tuple((dt, tuple((m, r * f) for m, r in pts)) for dt, pts in host.matmul_curves or ()) or None
+    curve = tuple((m, r * f) for m, r in host.measured.matmul_curve) if host.measured.matmul_curve else None
+    curves = tuple((dt, tuple((m, r * f) for m, r in pts)) for dt, pts in host.measured.matmul_curves or ()) or None
     vec = vector_now(host, cal)
-    return dataclasses.replace(host, name=NOW, hbm_bw=bw, hbm_bw_range=None, matmul_curve=curve, matmul_curves=curves,
-                               peak_flops={dt: v * f for dt, v in host.peak_flops.items()}, **vec), rate
+    now = dataclasses.replace(host, name=NOW, hbm_bw=bw, peak_flops={dt: v * f for dt, v in host.peak_flops.items()})
+    return with_vector(now.with_measured(hbm_bw_range=None, matmul_curve=curve, matmul_curves=curves), vec), rate
 
 
 def drift_sample(cal: dict) -> dict:
@@ -106,7 +106,17 @@ def drift_sample(cal: dict) -> dict:
     return {"matmul": {"float32": {"flops_per_s": rate}}, "stream": {"bytes_per_s": now.hbm_bw}, "findings": []}
 
 
-VECTOR_FIELDS = ("transcendentals_per_s", "convert_per_s", "reduce_per_s_cached")
+VECTOR_FIELDS = ("transcendentals_per_s", "convert_per_s", "reduce_per_s_cached")  # the first the spec's, the rest measured
+
+
+def vector_rate(spec, k: str):
+    return getattr(spec, k) if k == "transcendentals_per_s" else getattr(spec.measured, k)
+
+
+def with_vector(spec, rates: dict):
+    """`spec` with some VECTOR_FIELDS replaced."""
+    top = {k: v for k, v in rates.items() if k == "transcendentals_per_s"}
+    return dataclasses.replace(spec, **top).with_measured(**{k: v for k, v in rates.items() if k not in top})
 
 
 def vector_now(host, cal: dict) -> dict:
@@ -120,18 +130,21 @@ def vector_now(host, cal: dict) -> dict:
     if _BUF.get("vec_n") != nel:
         _BUF.update(vec_n=nel, vprobe=vector_probe(nel, jax.devices()[0]))
     g = vector_sample(_BUF["vprobe"], 3) / lv["level"]
-    return {k: getattr(host, k) * g for k in VECTOR_FIELDS if getattr(host, k)}
+    return {k: vector_rate(host, k) * g for k in VECTOR_FIELDS if vector_rate(host, k)}
 
 
 def mean_spec(a, b):
     """The host spec whose memory rate, peaks, matmul curve and vector rates are the means of two machine_now samples' (a
     program's timing spans a minute: sampled before and after it)."""
     mean = lambda p, q: tuple((n, (r + s) / 2) for (n, r), (_, s) in zip(p, q))  # noqa: E731
-    curve = mean(a.matmul_curve, b.matmul_curve) if a.matmul_curve else None
-    curves = tuple((dt, mean(p, q)) for (dt, p), (_, q) in zip(a.matmul_curves or (), b.matmul_curves or ())) or None
-    vec = {k: (getattr(a, k) + getattr(b, k)) / 2 for k in VECTOR_FIELDS if getattr(a, k) and getattr(b, k)}
-    return dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2, matmul_curve=curve, matmul_curves=curves,
-                               peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()}, **vec)
+    curve = mean(a.measured.matmul_curve, b.measured.matmul_curve) if a.measured.matmul_curve else None
+    curves = tuple((dt, mean(p, q)) for (dt, p), (_, q)
+                   in zip(a.measured.matmul_curves or (), b.measured.matmul_curves or ())) or None
+    vec = {k: (vector_rate(a, k) + vector_rate(b, k)) / 2 for k in VECTOR_FIELDS
+           if vector_rate(a, k) and vector_rate(b, k)}
+    m = dataclasses.replace(a, hbm_bw=(a.hbm_bw + b.hbm_bw) / 2,
+                            peak_flops={dt: (v + b.peak_flops[dt]) / 2 for dt, v in a.peak_flops.items()})
+    return with_vector(m.with_measured(matmul_curve=curve, matmul_curves=curves), vec)
 
 
 IN_SAMPLE = [("matmul", {"m": 512, "n": 512, "k": 512}), ("matmul", {"m": 1024, "n": 1024, "k": 1024}),

@@ -96,7 +96,7 @@ FROM_A_COPY = {("b300", "hbm_bw"), ("b300", "hbm_bytes"), ("gb300", "hbm_bytes")
 def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
     """Documented rule: linear in the rate, interpolated in log(size); float32 reads the curve (its own measurement,
     capped at the float32 peak), another dtype its shape scaled by peak(dtype) / the curve's top."""
-    spec = dataclasses.replace(CHIP, matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)))
+    spec = CHIP.with_measured(matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)))
     assert spec.matmul_rate(64, "float32") == pytest.approx(1e12)  # below the curve: its first point
     # sqrt(128·1024) is halfway between 128 and 1024 in log(size): halfway between 1e12 and 4e12 in rate
     assert spec.matmul_rate(math.sqrt(128 * 1024), "float32") == pytest.approx(2.5e12, rel=1e-12)
@@ -107,9 +107,9 @@ def test_matmul_rate_curve_interpolates_and_scales_by_dtype():
 def test_a_dtype_with_its_own_curve_reads_it_and_others_keep_float32s_shape():
     """A narrow dtype the calibration ran a curve for (matmul_curves) reads that curve as float32 reads its own:
     directly, capped at its peak; a dtype without one keeps float32's shape scaled to its peak."""
-    spec = dataclasses.replace(CHIP, peak_flops={"float32": 5e12, "bfloat16": 9e12, "float16": 8e12},
-                               matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)),
-                               matmul_curves=(("bfloat16", ((128, 1.5e12), (1024, 8e12))),))
+    spec = dataclasses.replace(CHIP, peak_flops={"float32": 5e12, "bfloat16": 9e12, "float16": 8e12}).with_measured(
+        matmul_curve=((128, 1e12), (1024, 4e12), (4096, 5e12)),
+        matmul_curves=(("bfloat16", ((128, 1.5e12), (1024, 8e12))),))
     assert spec.matmul_rate(128, "bfloat16") == pytest.approx(1.5e12)  # not float32's 1e12 scaled by 9/5
     assert spec.matmul_rate(math.sqrt(128 * 1024), "bfloat16") == pytest.approx((1.5e12 + 8e12) / 2, rel=1e-12)
     assert spec.matmul_rate(4096, "bfloat16") == pytest.approx(8e12)  # its top, below its peak
@@ -122,6 +122,6 @@ def test_physical_peak_follows_the_peak_fallback_chain():
     chips carry none (their peak is the physical one)."""
     chip = next(iter(catalogue().values()))
     assert chip.physical_peak("bfloat16") is None
-    host = dataclasses.replace(chip, name="host", kind="cpu", physical_peak_flops={"float32": 1e11, "bfloat16": 2e11})
+    host = dataclasses.replace(chip, name="host", kind="cpu").with_measured(physical_peak_flops={"float32": 1e11, "bfloat16": 2e11})
     assert host.physical_peak("bfloat16") == 2e11 and host.physical_peak("float8_e4m3fn") == 2e11
-    assert dataclasses.replace(host, physical_peak_flops={"float32": 1e11}).physical_peak("bfloat16") == 1e11
+    assert host.with_measured(physical_peak_flops={"float32": 1e11}).physical_peak("bfloat16") == 1e11

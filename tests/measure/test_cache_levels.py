@@ -15,7 +15,7 @@ from workbench.measure.calibrate import (
     level_beats_memory,
     spec_from_calibration,
 )
-from workbench.roofline.prediction import memory_levels
+from workbench.roofline.host import memory_levels
 
 ZEN5 = os.path.join(os.path.dirname(__file__), "..", "data", "hosts", "zen5-2026-12-04", "calibration.json")
 MiB = 2**20
@@ -47,8 +47,8 @@ def test_the_largest_measured_level_is_the_last_level_cache_the_pricing_holds():
           "effective_bytes": 120 * MiB}
     cal = _with_levels([L2, l3])
     spec = spec_from_calibration(cal)
-    assert [lv.name for lv in spec.cache_levels] == ["L2", "L3"]
-    assert spec.onchip_bytes == 120 * MiB and spec.onchip_bw == 38e9  # not the OS's 480 MiB at the cache stream
+    assert [lv.name for lv in spec.measured.cache_levels] == ["L2", "L3"]
+    assert spec.onchip_bytes == 120 * MiB and spec.measured.onchip_bw == 38e9  # not the OS's 480 MiB at the cache stream
     assert [lv.name for lv in memory_levels(spec, spec.hbm_bw)] == ["L2", "L3", "memory"]
     assert effective_llc_bytes(cal["cache_levels"], 999) == 120 * MiB
     assert effective_llc_bytes([{"capacity_bytes": 480 * MiB, "bytes_per_s": None}], 999) == 999
@@ -72,5 +72,5 @@ def test_a_level_judged_by_its_stream_alone_counts_where_its_reads_beat_memory()
 
 def test_without_measured_levels_the_os_last_level_cache_stays():
     spec = spec_from_calibration(_with_levels([]))
-    assert spec.cache_levels is None and spec.onchip_bytes == 32 * MiB
+    assert spec.measured.cache_levels is None and spec.onchip_bytes == 32 * MiB
     assert [lv.name for lv in memory_levels(spec, spec.hbm_bw)] == ["LLC", "memory"]

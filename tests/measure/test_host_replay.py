@@ -56,11 +56,11 @@ def test_a_calibration_without_cache_levels_falls_back_to_what_it_has():
     stream, the memory's read rate from its sum over the stream's buffer, a library fusion's special functions at
     the library's in-cache reduction rate; its first-touch figure lies within its stream's noise and is not priced."""
     spec = stored_spec(ZEN5)
-    assert spec.cache_levels is None
+    assert spec.measured.cache_levels is None
     assert spec.onchip_bytes == 32 * 2**20
-    assert 1.0 < spec.memory_read_ratio < 1.2
-    assert spec.transcendentals_per_s_library == pytest.approx(spec.reduce_per_s_cached)
-    assert spec.first_touch_bw is None
+    assert 1.0 < spec.measured.memory_read_ratio < 1.2
+    assert spec.measured.transcendentals_per_s_library == pytest.approx(spec.measured.reduce_per_s_cached)
+    assert spec.measured.first_touch_bw is None
 
 
 @pytest.mark.parametrize("folder", MEASURED_LEVELS, ids=os.path.basename)
@@ -72,4 +72,4 @@ def test_hosts_with_measured_cache_levels_replay_their_demo_and_held_out_ops(fol
     bad = [(r.name, round(r.signed_error, 2)) for r in rows if r.error > 0.5 and r.source.startswith("demo")]
     assert s["demo_median"] <= 0.15 and not bad, (s["demo_median"], bad)
     assert s["heldout_median"] <= 0.12, s["heldout_median"]
-    assert stored_spec(folder).cache_levels  # the levels it was priced with
+    assert stored_spec(folder).measured.cache_levels  # the levels it was priced with

@@ -7,6 +7,7 @@ import pytest
 from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.cost.hlo import parse_module
+from workbench.hardware.measured import Measured
 from workbench.hardware.spec import HardwareSpec, Interconnect
 from workbench.measure.calibrate import KNOWN_PARTS, host_clock, peak_findings, physical_peaks
 from workbench.measure.explain import TERMS, waterfall
@@ -15,7 +16,7 @@ from workbench.measure.kernels import KERNEL_CLASSES, KernelEvent, events_from_t
 # a host double: fixed ceilings, so the join is tested without calibrating
 HOST = HardwareSpec(name="host", kind="cpu", vendor="test", peak_flops={"float32": 1e11, "bfloat16": 1e11},
                     hbm_bytes=2**34, hbm_bw=1e10, interconnect=Interconnect("host-memory", 1e10, 1),
-                    transcendentals_per_s=1e9, call_overhead_s=1e-5)
+                    transcendentals_per_s=1e9, measured=Measured(call_overhead_s=1e-5))
 
 
 # ------------------------------------------------------------------------------------------ wall-clock shares
@@ -120,7 +121,7 @@ def test_waterfall_terms_sum_to_the_step(scanned_fsdp):
     step_s = table.wall_s * 0.9  # any timed step: the remainder closes the gap to it
     w = waterfall(table, step_s=step_s, model_flops=an["train_flops_per_token"] * 8 * 32,
                   model_flops_causal=an["train_flops_per_token_causal"] * 8 * 32, ceiling_flops=HOST.peak("float32"),
-                  call_overhead_s=HOST.call_overhead_s)
+                  call_overhead_s=HOST.measured.call_overhead_s)
     assert [t.name for t in w.terms] == list(TERMS)
     assert w.measured_sum_s == pytest.approx(step_s, rel=1e-9)
     by = {t.name: t for t in w.terms}
@@ -243,15 +244,16 @@ def test_machine_now_scales_every_matmul_figure_by_the_probe_over_the_calibrated
     from benchmarks.prediction_error import machine_now
     from workbench.hardware.spec import catalogue_spec as get_spec
 
-    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", matmul_curve=((128, 1e10), (1024, 4e10)),
-                               matmul_curves=(("bfloat16", ((128, 2e10),)),))
+    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu").with_measured(
+        matmul_curve=((128, 1e10), (1024, 4e10)),
+        matmul_curves=(("bfloat16", ((128, 2e10),)),))
     cal = {"stream": {"buffer_bytes": 4 << 20}, "matmul": {"float32": {"n": 128, "flops_per_s": 2e10}},
            "matmul_level": {"n": 128}}
     now, rate = machine_now(host, cal)
     f = rate / 2e10
-    assert rate > 0 and now.hbm_bw > 0 and now.name == "host-now" and now.hbm_bw_range is None
-    assert now.matmul_curve == ((128, 1e10 * f), (1024, 4e10 * f))
-    assert now.matmul_curves == (("bfloat16", ((128, 2e10 * f),)),)
+    assert rate > 0 and now.hbm_bw > 0 and now.name == "host-now" and now.measured.hbm_bw_range is None
+    assert now.measured.matmul_curve == ((128, 1e10 * f), (1024, 4e10 * f))
+    assert now.measured.matmul_curves == (("bfloat16", ((128, 2e10 * f),)),)
     assert all(abs(now.peak_flops[dt] / (host.peak_flops[dt] * f) - 1) < 1e-12 for dt in host.peak_flops)
 
 
@@ -264,8 +266,10 @@ def test_machine_now_scales_the_vector_rates_by_the_exp_probe_over_its_level():
     from benchmarks.prediction_error import VECTOR_FIELDS, machine_now, vector_now
     from workbench.hardware.spec import catalogue_spec as get_spec
 
-    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", transcendentals_per_s=2e9, convert_per_s=1e10,
-                               reduce_per_s_cached=2e10, reduce_per_s=9e9)
+    host = dataclasses.replace(get_spec("tpu-v5e"), kind="cpu", transcendentals_per_s=2e9).with_measured(
+        convert_per_s=1e10,
+        reduce_per_s_cached=2e10,
+        reduce_per_s=9e9)
     cal = {"stream": {"buffer_bytes": 4 << 20}, "matmul": {"float32": {"n": 128, "flops_per_s": 2e10}},
            "matmul_level": {"n": 128}, "transcendentals": {"exp": {"elements": 4096}},
            "vector_level": {"level": 1e9}}
@@ -275,7 +279,7 @@ def test_machine_now_scales_the_vector_rates_by_the_exp_probe_over_its_level():
     assert g > 0 and abs(vec["convert_per_s"] / (1e10 * g) - 1) < 1e-12
     assert abs(vec["reduce_per_s_cached"] / (2e10 * g) - 1) < 1e-12
     now, _ = machine_now(host, cal)
-    assert now.reduce_per_s == 9e9 and now.transcendentals_per_s > 0
+    assert now.measured.reduce_per_s == 9e9 and now.transcendentals_per_s > 0
     assert vector_now(host, {k: v for k, v in cal.items() if k != "vector_level"}) == {}
 
 
@@ -286,12 +290,13 @@ def test_mean_spec_averages_two_machine_samples():
     from benchmarks.prediction_error import mean_spec
     from workbench.hardware.spec import catalogue_spec as get_spec
 
-    base = dataclasses.replace(get_spec("tpu-v5e"), matmul_curve=((128, 1e10), (1024, 4e10)), hbm_bw=10.0,
-                               matmul_curves=(("bfloat16", ((128, 2e10),)),))
-    b = dataclasses.replace(base, matmul_curve=((128, 3e10), (1024, 6e10)), hbm_bw=20.0,
-                            matmul_curves=(("bfloat16", ((128, 4e10),)),),
-                            peak_flops={dt: 3 * v for dt, v in base.peak_flops.items()})
+    base = dataclasses.replace(get_spec("tpu-v5e"), hbm_bw=10.0).with_measured(
+        matmul_curve=((128, 1e10), (1024, 4e10)),
+        matmul_curves=(("bfloat16", ((128, 2e10),)),))
+    b = dataclasses.replace(base, hbm_bw=20.0, peak_flops={dt: 3 * v for dt, v in base.peak_flops.items()}).with_measured(
+        matmul_curve=((128, 3e10), (1024, 6e10)),
+        matmul_curves=(("bfloat16", ((128, 4e10),)),))
     m = mean_spec(base, b)
-    assert m.hbm_bw == 15.0 and m.matmul_curve == ((128, 2e10), (1024, 5e10))
-    assert m.matmul_curves == (("bfloat16", ((128, 3e10),)),)
+    assert m.hbm_bw == 15.0 and m.measured.matmul_curve == ((128, 2e10), (1024, 5e10))
+    assert m.measured.matmul_curves == (("bfloat16", ((128, 3e10),)),)
     assert all(m.peak_flops[dt] == 2 * v for dt, v in base.peak_flops.items())

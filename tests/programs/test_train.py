@@ -173,8 +173,8 @@ def test_run_records_everything(monkeypatch, results_dir, capsys):
     from workbench.cli import main
     from workbench.results.store import Store
 
-    fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu",
-                               physical_peak_flops={"float32": 3.0e11})
+    fake = dataclasses.replace(next(iter(hw.catalogue().values())), name="host", kind="cpu").with_measured(
+        physical_peak_flops={"float32": 3.0e11})
     real = train.get_spec  # workbench.measure.calibrate.get_spec, as train imported it
     monkeypatch.setattr(train, "get_spec", lambda name, **kw: fake if name == "host" else real(name, **kw))
     main(["run", "--preset", "tiny", "--strategy", "fsdp+tp", "--mesh", "data=2,model=4", "--devices", "8",

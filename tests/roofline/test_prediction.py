@@ -94,7 +94,7 @@ def test_fp8_falls_back_where_chip_lacks_units():
 def test_small_matmul_kernels_priced_on_the_curve():
     from workbench.roofline.prediction import predict
 
-    spec = dataclasses.replace(CHIP, matmul_curve=((64, 1e12), (4096, 10e12)))
+    spec = CHIP.with_measured(matmul_curve=((64, 1e12), (4096, 10e12)))
     k = KernelCost("mm", "kOutput", "", 0.0, 0.0, 2e9, 0, 1, 2e9, 64.0)
     cost = CostReport(flops=2e9, transcendentals=0, bytes_accessed=1.0, kernels=(k,))
     p = predict(cost, spec)
@@ -154,32 +154,31 @@ def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
     rate: from the cache when it is priced at the in-cache bandwidth) and its float32 <-> bf16 conversions."""
     from workbench.roofline.prediction import kernel_roof
 
-    host = dataclasses.replace(CHIP, kind="cpu", reduce_per_s=1e9, reduce_per_s_cached=4e9, convert_per_s=2e9,
-                               onchip_bw=4e12)
+    host = dataclasses.replace(CHIP, kind="cpu").with_measured(reduce_per_s=1e9, reduce_per_s_cached=4e9, convert_per_s=2e9, onchip_bw=4e12)
     red = KernelCost("r", "kInput", "", 4e8, 4e2, 1e8, 0, reduce_elements=1e8)
     assert kernel_roof(red, host, "float32", 1e12) == pytest.approx((1e8 / 1e9, 4e8 / 1e12))
     assert kernel_roof(red, host, "float32", 4e12)[0] == pytest.approx(1e8 / 4e9)
     conv = KernelCost("c", "kLoop", "", 2e8, 2e8, 7e8, 0, convert_elements=1.4e9)
     assert kernel_roof(conv, host, "float32", 1e12)[0] == pytest.approx(1.4e9 / 2e9)
     # a write-allocating host prices a reduction from memory by its bytes: its adds at the in-cache rate
-    wa = dataclasses.replace(host, write_allocate=True)
+    wa = host.with_measured(write_allocate=True)
     assert kernel_roof(red, wa, "float32", 1e12)[0] == pytest.approx(1e8 / 4e9)
     # not calibrated (a catalogue chip): arithmetic only
     assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
 
 
 def test_the_matmul_curve_is_read_as_its_monotone_fit():
-    from workbench.hardware.spec import monotone_curve
+    from workbench.hardware.measured import monotone_curve
 
     # a dip is pooled with the point before it (their mean), not priced alone nor lifted to the higher neighbour
-    dip = dataclasses.replace(CHIP, matmul_curve=((512, 8e12), (1024, 5e12), (2048, 10e12)))
+    dip = CHIP.with_measured(matmul_curve=((512, 8e12), (1024, 5e12), (2048, 10e12)))
     assert dip.matmul_rate(1024, "float32") == pytest.approx(6.5e12)
     assert dip.matmul_rate(512, "float32") == pytest.approx(6.5e12)
     # a high point between lower larger ones does not lift them: the three pool at their mean (a running maximum
     # priced every size from 1024 on at 196)
     bump = ((512, 178e9), (1024, 196e9), (2048, 178e9), (4096, 178e9))
     assert [r for _, r in monotone_curve(bump)] == pytest.approx([178e9, 184e9, 184e9, 184e9])
-    host = dataclasses.replace(CHIP, kind="cpu", peak_flops={"float32": 196e9, "bfloat16": 368e9}, matmul_curve=bump)
+    host = dataclasses.replace(CHIP, kind="cpu", peak_flops={"float32": 196e9, "bfloat16": 368e9}).with_measured(matmul_curve=bump)
     assert host.matmul_rate(2048, "float32") == pytest.approx(184e9)
     # another dtype takes the curve's shape with its top at the dtype's ceiling
     assert host.matmul_rate(4096, "bfloat16") == pytest.approx(368e9)
@@ -211,7 +210,7 @@ def test_dependent_passes_add_compute_and_memory_on_a_cpu_only():
     accelerator the terms overlap."""
     from workbench.roofline.prediction import kernel_roof, roof_seconds
 
-    host = dataclasses.replace(CHIP, kind="cpu", reduce_per_s=1e9, reduce_per_s_cached=1e9)
+    host = dataclasses.replace(CHIP, kind="cpu").with_measured(reduce_per_s=1e9, reduce_per_s_cached=1e9)
     soft = KernelCost("s", "kCustom", "", 4e8, 4e8, 1e8, 1e8, dependent_passes=True)
     plain = dataclasses.replace(soft, dependent_passes=False)
     dotted = dataclasses.replace(soft, dot_flops=1e6)
@@ -260,9 +259,9 @@ def test_write_allocating_hosts_move_a_written_byte_twice():
     """On a host whose caches write-allocate, a kernel from memory moves bytes_in + 2·bytes_out at 1.5× the
     calibrated out-of-place stream: the stream's own 1:1 kernel prices as before, a reduction (reads only) at 2/3,
     a broadcast (writes only) at 4/3; in the cache, and on a host without write-allocate, bytes in + out at bw."""
-    from workbench.roofline.prediction import moved_seconds
+    from workbench.roofline.host import moved_seconds
 
-    host = dataclasses.replace(CHIP, kind="cpu", write_allocate=True)
+    host = dataclasses.replace(CHIP, kind="cpu").with_measured(write_allocate=True)
     stream = KernelCost("s", "kLoop", "", 4e8, 4e8, 0, 0)
     read = KernelCost("r", "kInput", "", 4e8, 0, 0, 0)
     write = KernelCost("w", "kLoop", "", 0, 4e8, 0, 0)
@@ -278,9 +277,10 @@ def test_strided_transposes_bound_a_host_kernels_memory_term_at_the_calibrated_r
     """A kernel's strided transpose elements at the calibrated transpose rate bound its memory term: the in-cache
     rate when its input fits in half the last-level cache (or the program runs from the cache), else the from-memory
     one; a spec without the rates prices the bytes only."""
-    from workbench.roofline.prediction import kernel_roof, transpose_seconds
+    from workbench.roofline.host import transpose_seconds
+    from workbench.roofline.prediction import kernel_roof
 
-    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, transpose_per_s=4e8, transpose_per_s_cached=1.6e9)
+    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6).with_measured(transpose_per_s=4e8, transpose_per_s_cached=1.6e9)
     small = KernelCost("t", "kLoop", "", 4e6, 4e6, 0, 0, transpose_elements=1e6)
     big = KernelCost("T", "kLoop", "", 64e6, 64e6, 0, 0, transpose_elements=16e6)
     assert transpose_seconds(small, host) == pytest.approx(1e6 / 1.6e9)
@@ -298,10 +298,10 @@ def test_a_host_kernel_is_priced_at_the_cache_level_its_arrays_fit():
     from the cache at the hit rate of a cyclic sweep under random replacement (1 − m = exp(−m·W/C)), the rest from
     memory; one slicing a stacked array several times the cache (small bytes, large footprint) is priced from memory
     (on a write-allocating host: its written bytes twice), as is every kernel of an accelerator."""
-    from workbench.roofline.prediction import kernel_roof, sweep_hit_rate
+    from workbench.roofline.host import sweep_hit_rate
+    from workbench.roofline.prediction import kernel_roof
 
-    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6, onchip_bw=4e10, reduce_per_s=1e9,
-                               reduce_per_s_cached=4e9)
+    host = dataclasses.replace(CHIP, kind="cpu", onchip_bytes=32e6).with_measured(onchip_bw=4e10, reduce_per_s=1e9, reduce_per_s_cached=4e9)
     small = KernelCost("s", "kLoop", "", 4e6, 4e6, 0, 0, footprint=8e6, reduce_elements=1e6)
     assert kernel_roof(small, host, "float32", 1e10) == pytest.approx((1e6 / 4e9, 8e6 / 4e10))
     assert kernel_roof(dataclasses.replace(small, footprint=32e6), host, "float32", 1e10)[1] == pytest.approx(8e6 / 4e10)
@@ -310,6 +310,6 @@ def test_a_host_kernel_is_priced_at_the_cache_level_its_arrays_fit():
     assert kernel_roof(small, host, "float32", 1e10, sharers=8) == pytest.approx(
         (1e6 / 1e9, h * 8e6 / 4e10 + (1 - h) * 8e6 / 1e10))
     sliced = dataclasses.replace(small, footprint=64e6 * 8)
-    wa = dataclasses.replace(host, write_allocate=True)
+    wa = host.with_measured(write_allocate=True)
     assert kernel_roof(sliced, wa, "float32", 1e10)[1] == pytest.approx(12e6 / 1.5e10, rel=1e-3)
     assert kernel_roof(small, CHIP, "float32", 1e12)[1] == pytest.approx(8e6 / 1e12)

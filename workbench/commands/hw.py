@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         for dt, v in spec.peak_flops.items():
             src = spec.sources.get(f"peak_flops.{dt}") or spec.sources.get("peak_flops")
             print(f"  peak {dt:16s} {v / 1e12:10.3f} TFLOP/s   [{src.source if src else '?'}, {src.date if src else ''}]")
-        if spec.physical_peak_flops:
-            for dt, v in spec.physical_peak_flops.items():
+        if spec.measured.physical_peak_flops:
+            for dt, v in spec.measured.physical_peak_flops.items():
                 print(f"  physical {dt:12s} {v / 1e12:10.3f} TFLOP/s   [{spec.sources['physical_peak_flops'].source}]")
         for key, unit, scale in (("hbm_bytes", "GB", 1e9), ("hbm_bw", "GB/s", 1e9), ("onchip_bytes", "MB", 1e6),
                                  ("host_link_bw", "GB/s", 1e9), ("transcendentals_per_s", "G/s", 1e9)):

@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 from workbench.hardware.catalogue import CHIPS
+from workbench.hardware.measured import Measured
 
 FP8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e4m3fnuz", "float8_e5m2fnuz")
 DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16",
@@ -80,45 +81,6 @@ class Interconnect:
         return self.link_bw * self.links
 
 
-def monotone_curve(points) -> list[tuple[float, float]]:
-    """The non-decreasing curve closest in least squares to measured (size, rate) points: isotonic regression by
-    pooling adjacent violators, each point weighted alike. A matmul is never slower per FLOP for being larger, so
-    where a measured point breaks that order, the points involved share their mean: the noise of one point moves its
-    neighbours by a share of it, where an upper envelope (a running maximum) would carry every high excursion to all
-    larger sizes. Returns [(size, rate)] sorted by size."""
-    blocks: list[list[float]] = []  # [sum of rates, count]
-    pts = sorted(points)
-    for _, r in pts:
-        blocks.append([r, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, c = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += c
-    rates = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
-    return [(n, r) for (n, _), r in zip(pts, rates)]
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryLevel:
-    """Host only: one level of the memory hierarchy a kernel's working set can fit in.
-
-    capacity: bytes this process's cores hold at the level (a per-core cache times the instances among the cores
-    the process runs on; a shared cache once), from the OS (sysfs). bw: bytes/s (read + written counted) of the
-    out-of-place stream over a working set that fits the level, measured. read_ratio: the read-only rate over bw
-    (a sum over the same level's data), measured where the calibration has it: a kernel reads at read_ratio·bw and
-    a written byte costs (2 − 1/read_ratio)/bw, so the stream's own 1:1 kernel prices at bw whatever the ratio;
-    1.5 is a write-allocating cache (each written line read first), 1.0 reads and writes alike."""
-
-    name: str
-    capacity: float
-    bw: float
-    read_ratio: float = 1.0
-
-    def seconds(self, bytes_in: float, bytes_out: float) -> float:
-        r = max(self.read_ratio, 1.0)
-        return bytes_in / (r * self.bw) + bytes_out * (2.0 - 1.0 / r) / self.bw
-
-
 @dataclasses.dataclass(frozen=True)
 class HardwareSpec:
     name: str
@@ -132,78 +94,24 @@ class HardwareSpec:
     host_link_bw: float | None = None
     matrix_unit: tuple[int, ...] | None = None
     transcendentals_per_s: float | None = None  # special-function results/s per chip; None = unpublished
-    physical_peak_flops: dict[str, float] | None = None  # host only: derived from CPU features
-    first_touch_bw: float | None = None  # host only: bytes/s of page-faulting fresh large output buffers
-    onchip_bw: float | None = None  # host only: measured bandwidth of a stream that stays in the last-level cache
-    call_overhead_s: float | None = None  # host only: measured time of a call that does almost nothing
-    matmul_curve: tuple[tuple[float, float], ...] | None = None  # host only: (n, float32 FLOP/s of an n³ matmul)
-    # host only: ((dtype, ((n, FLOP/s of an n³ matmul in that dtype), ...)), ...): a narrow dtype's own rate curve,
-    # measured where the calibration ran one (bfloat16, since version 21); other dtypes take float32's curve's shape
-    matmul_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] | None = None
-    hbm_bw_range: tuple[float, float] | None = None  # host only: (lowest, highest) stream sample of the calibration
-    kernel_launch_s: float | None = None  # host only: measured fixed cost of one more kernel in a program
-    collective_latency_s: float | None = None  # host only: one collective's rendezvous on a simulated mesh, per device
-    # host only: ((group size, per-device rendezvous s), ...): the same measured with the mesh in groups of 2, 4, 8
-    collective_latency_by_group: tuple[tuple[int, float], ...] | None = None
-    # host only: elements/s XLA's reduction kernels consume, from memory and from the last-level cache
-    reduce_per_s: float | None = None
-    reduce_per_s_cached: float | None = None
-    convert_per_s: float | None = None  # host only: float32 <-> bf16 conversions/s inside fused elementwise kernels
-    # host only: the caches allocate a line on a write miss (the in-place stream ran well above the out-of-place one:
-    # writing a new array also reads it), so kernels that run from memory move bytes_in + 2·bytes_out
-    write_allocate: bool = False
-    # host only: elements/s of a strided transpose in a fused kernel, from memory and from the last-level cache
-    transpose_per_s: float | None = None
-    transpose_per_s_cached: float | None = None
-    # host only: the caches a kernel's working set can fit in, smallest first, each with its measured stream
-    # (MemoryLevel); the memory beyond them streams at hbm_bw with memory_read_ratio (reads at ratio·hbm_bw)
-    cache_levels: tuple[MemoryLevel, ...] | None = None
-    memory_read_ratio: float | None = None
-    # host only: special-function results/s inside a library fusion (XLA:CPU's YNN kernels: a softmax, a reduction
-    # over exponentials), which evaluates them with its own vector code; None: transcendentals_per_s
-    transcendentals_per_s_library: float | None = None
-
-    def matmul_rate(self, size: float, dtype) -> float:
-        """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in `dtype`: the dtype's own measured
-        curve (matmul_curves) where there is one, else float32's (matmul_curve) scaled to the dtype's peak,
-        interpolated in log(size) and capped at the dtype's peak; the peak where no curve was measured. A narrow
-        dtype has a curve of its own because its shape differs: on a Zen 4 host with avx512_bf16, bf16 ran 1.3–1.5×
-        float32 at 128³–256³ and 2.0–2.1× at 1024³–2048³, so float32's shape scaled to the bf16 ceiling priced the
-        small bf16 dots of a `tiny` step up to 1.5× too fast. A curve is read as its monotone fit (monotone_curve):
-        a larger matmul reuses each operand byte more and is never slower per FLOP than a smaller one, so a point
-        below a smaller size's rate (1024³ at 71 GFLOP/s between 512³ at 79 and 2048³ at 110 on one host) is pooled
-        with its neighbours rather than pricing the sizes around it alone; and a point above the larger sizes' (1024³
-        at 196 between 2048³ and 4096³ at 178 on a Zen 4 host, where the same shapes alternating in rounds ran within
-        3 % of each other) is noise that does not lift them."""
-        peak = self.peak(dtype)
-        name = dtype_name(dtype)
-        own = dict(self.matmul_curves or ()).get(name)
-        curve = own or self.matmul_curve
-        if not curve or size <= 0:
-            return peak
-        import math
-
-        pts = monotone_curve(curve)
-        # float32's curve serves another dtype by its shape, scaled so that its top is the dtype's measured ceiling
-        top = pts[-1][1] if (own is None and name != "float32") else peak
-        if size <= pts[0][0]:
-            r = pts[0][1]
-        elif size >= pts[-1][0]:
-            r = pts[-1][1]
-        else:
-            for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
-                if n0 <= size <= n1:
-                    f = (math.log(size) - math.log(n0)) / (math.log(n1) - math.log(n0))
-                    r = r0 + f * (r1 - r0)
-                    break
-        return min(peak, r * peak / top)
-
     sources: dict[str, Source] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     tpu_generation: str | None = None
     notes: tuple[str, ...] = ()
     cores_per_chip: int | None = None  # TensorCores per chip where the catalogue records it (TPU v7x: 2)
     devices_per_chip: int = 1  # JAX devices this spec's figures are divided over (see per_device)
+    # what a calibration measured beyond the roofline's ceilings (the host: its caches, rate curves, per-call costs;
+    # a calibrated accelerator: its matmul curve and kernel launch); empty for a catalogue chip
+    measured: Measured = dataclasses.field(default_factory=lambda: Measured())
+
+    def with_measured(self, **fields) -> HardwareSpec:
+        """This spec with some measured refinements replaced (Measured's fields)."""
+        return dataclasses.replace(self, measured=dataclasses.replace(self.measured, **fields))
+
+    def matmul_rate(self, size: float, dtype) -> float:
+        """Achievable FLOP/s of a matmul of the given size in `dtype`: the measured curve's rate where there is one
+        (Measured.matmul_rate), else the dtype's peak."""
+        return self.measured.matmul_rate(size, dtype_name(dtype), self.peak(dtype))
 
     def peak(self, dtype) -> float:
         """Dense peak FLOP/s for `dtype`. A dtype the chip has no units for runs at the next wider format's rate
@@ -213,9 +121,10 @@ class HardwareSpec:
     def physical_peak(self, dtype) -> float | None:
         """Host specs: the physical peak FLOP/s for `dtype` (derived from the CPU's features), through the same
         fallback chain as peak(); None where the spec has none (catalogue chips: their peak is the physical one)."""
+        physical = self.measured.physical_peak_flops or {}
         for c in _fallback_chain(dtype_name(dtype)):
-            if (self.physical_peak_flops or {}).get(c):
-                return float(self.physical_peak_flops[c])
+            if physical.get(c):
+                return float(physical[c])
         return None
 
     def peak_dtype(self, dtype) -> str:
@@ -253,6 +162,7 @@ class HardwareSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d.update(d.pop("measured"))  # one flat record: the measured fields beside the ceilings they refine
         d["sources"] = {k: dataclasses.asdict(v) for k, v in self.sources.items()}
         d["ridge_points"] = {k: v / self.hbm_bw for k, v in self.peak_flops.items()}
         return d

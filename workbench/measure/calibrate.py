@@ -45,7 +45,8 @@ from typing import Any
 from workbench.cost.hlo import parse_kernels
 from workbench.errors import WorkbenchError
 from workbench.hardware.hostmem import describe
-from workbench.hardware.spec import HardwareSpec, Interconnect, MemoryLevel, Source, catalogue_spec, resolve_name
+from workbench.hardware.measured import Measured, MemoryLevel
+from workbench.hardware.spec import HardwareSpec, Interconnect, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
 CALIBRATION_VERSION = 25
@@ -1268,28 +1269,29 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
         name="host", kind="cpu", vendor=feat.get("vendor", ""), peak_flops=peaks,
         hbm_bytes=float(feat["mem_bytes"]), hbm_bw=bw,
         interconnect=Interconnect("host-memory", bw, 1),
-        first_touch_bw=first_touch_bw(cal),
-        onchip_bw=onchip_bw,
-        call_overhead_s=cal.get("call_overhead_s"),
-        matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
-        matmul_curves=tuple((dt, tuple((r["n"], r["flops_per_s"]) for r in rows))
-                            for dt, rows in sorted((cal.get("matmul_curves") or {}).items()) if rows) or None,
-        hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
-        kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
-        collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
-        collective_latency_by_group=tuple(sorted((int(g), v["per_collective_per_device_s"]) for g, v in
-                                                 ((cal.get("rendezvous") or {}).get("by_group") or {}).items()))
-        or None,
-        reduce_per_s=((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s"),
-        reduce_per_s_cached=((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"),
-        convert_per_s=conv,
-        write_allocate=write_allocates(cal),
-        transpose_per_s=((cal.get("transpose") or {}).get("from_memory") or {}).get("per_s"),
-        transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
-        cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
-        transcendentals_per_s_library=lib,
+        measured=Measured(
+            first_touch_bw=first_touch_bw(cal),
+            onchip_bw=onchip_bw,
+            call_overhead_s=cal.get("call_overhead_s"),
+            matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
+            matmul_curves=tuple((dt, tuple((r["n"], r["flops_per_s"]) for r in rows))
+                                for dt, rows in sorted((cal.get("matmul_curves") or {}).items()) if rows) or None,
+            hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
+            kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
+            collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),
+            collective_latency_by_group=tuple(sorted((int(g), v["per_collective_per_device_s"]) for g, v in
+                                                     ((cal.get("rendezvous") or {}).get("by_group") or {}).items()))
+            or None,
+            reduce_per_s=((cal.get("reduce") or {}).get("from_memory") or {}).get("per_s"),
+            reduce_per_s_cached=((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"),
+            convert_per_s=conv,
+            write_allocate=write_allocates(cal),
+            transpose_per_s=((cal.get("transpose") or {}).get("from_memory") or {}).get("per_s"),
+            transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
+            cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
+            transcendentals_per_s_library=lib,
+            physical_peak_flops=cal["physical"]["peak_flops"]),
         onchip_bytes=onchip_bytes, matrix_unit=None, transcendentals_per_s=rate,
-        physical_peak_flops=cal["physical"]["peak_flops"],
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
                  "physical_peak_flops": Source("derived from CPU features: " + "; ".join(
                      f"{k}: {v}" for k, v in cal["physical"]["derivation"].items()

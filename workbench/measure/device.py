@@ -226,9 +226,9 @@ def calibrated_spec(spec: HardwareSpec, cal: dict) -> HardwareSpec:
         ic = dataclasses.replace(ic, link_bw=ar["bus_bytes_per_s"] / ic.links, latency_s=ar["latency_per_step_s"])
     return dataclasses.replace(
         spec, name=f"{spec.name}-calibrated", peak_flops=peaks, hbm_bw=cal["stream"]["bytes_per_s"], interconnect=ic,
+        sources={**spec.sources, "peak_flops": src, "hbm_bw": src}).with_measured(
         kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
-        matmul_curves=(("bfloat16", curve),) if curve else None,
-        sources={**spec.sources, "peak_flops": src, "hbm_bw": src})
+        matmul_curves=(("bfloat16", curve),) if curve else None)
 
 
 def local_spec(hardware: str | None = None) -> HardwareSpec | None:

@@ -118,4 +118,4 @@ def explain_step(step, hlo_text: str, cost, spec, *, dtype, step_s: float, model
     table = kernel_table(hlo_text, step, spec, n_devices=cost.n_devices, mesh=mesh, dtype=dtype, steps=steps,
                          memory_bw=bw)
     return waterfall(table, step_s=step_s, model_flops=model_flops, model_flops_causal=model_flops_causal,
-                     ceiling_flops=ceiling_flops, call_overhead_s=spec.call_overhead_s or 0.0), table
+                     ceiling_flops=ceiling_flops, call_overhead_s=spec.measured.call_overhead_s or 0.0), table

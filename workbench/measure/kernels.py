@@ -50,7 +50,8 @@ from workbench.cost.hlo import (
     parse_module,
 )
 from workbench.hardware.spec import HardwareSpec
-from workbench.roofline.prediction import host_interconnect, kernel_time
+from workbench.roofline.host import host_interconnect
+from workbench.roofline.prediction import kernel_time
 
 KERNEL_CLASSES = ("dot", "dot-fusion", "elementwise/reduce", "copy/transpose", "collective", "loop-control")
 CONTROL_OPS = ("while", "call", "conditional")

@@ -80,7 +80,7 @@ def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
           f"Host: {' '.join(spec.notes[:1])}. Ceilings (measured by `workbench calibrate`): "
           + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in spec.peak_flops.items())
           + f"; stream {spec.hbm_bw / 1e9:.1f} GB/s; physical peaks "
-          + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (spec.physical_peak_flops or {}).items()) + ".", "",
+          + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (spec.measured.physical_peak_flops or {}).items()) + ".", "",
           markdown_table(rows, cols), "",
           f"Median prediction error |predicted − measured| / measured: {med:.1%}" if med is not None else "", "",
           "`spread` is each measurement's interquartile range over its median; `within_spread` says whether the "

@@ -36,8 +36,8 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
     bw = spec.hbm_bw
     styles = [("-", "C0"), ("--", "C1"), (":", "C2")]
     peaks = {f"{dt} (XLA, measured)" if spec.kind == "cpu" else dt: v for dt, v in spec.peak_flops.items()}
-    if spec.physical_peak_flops:
-        peaks.update({f"{dt} (physical)": v for dt, v in spec.physical_peak_flops.items()})
+    if spec.measured.physical_peak_flops:
+        peaks.update({f"{dt} (physical)": v for dt, v in spec.measured.physical_peak_flops.items()})
     for i, (name, pk) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
         ls, c = styles[i % len(styles)][0], plt.cm.Greys(0.45 + 0.15 * i)
         ax.plot(x, np.minimum(pk, bw * x), ls, color=c, lw=1.5, label=f"roof {name}: {pk / 1e9:.0f} GFLOP/s")

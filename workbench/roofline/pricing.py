@@ -8,6 +8,9 @@
    its operands are bf16 when the compiler rounded them (DEFAULT), and `operand_precision={highest,...}` (or
    `algorithm=dot_bf16_bf16_f32_x6`) marks the multi-pass forms. `tpu_float32_spec` prices the program's float32
    work at bf16 peak / (the flop-weighted mean passes of its dots).
+3. A kernel's arithmetic (`arithmetic_seconds`): its flops at the peak of the priced dtype — its dots at the rate
+   measured for their size where the spec has a measured matmul curve — plus its transcendentals at the chip's
+   special-function rate.
 """
 from __future__ import annotations
 
@@ -75,3 +78,14 @@ def tpu_float32_spec(spec, hlo_text: str):
             f"optimized HLO: operand dtypes and operand_precision), so float32 is priced at bf16 peak / {mean:.2g} = "
             f"{rate:.3g} FLOP/s, not the catalogue's HIGHEST-precision figure")
     return dataclasses.replace(spec, peak_flops={**spec.peak_flops, "float32": rate}), note
+
+
+def arithmetic_seconds(k, spec, peak_dtype: str, transcendentals_per_s: float | None = None) -> float:
+    """Seconds of kernel `k`'s arithmetic (a workbench.cost.hlo.KernelCost) on `spec` at the peak of `peak_dtype`
+    (rule 3); `transcendentals_per_s`: a rate other than the spec's own (the host's inside a library fusion)."""
+    rate = transcendentals_per_s or spec.transcendentals_per_s
+    peak = spec.peak_flops[peak_dtype]
+    t_trans = k.transcendentals / rate if rate else 0.0
+    if spec.measured.matmul_curve and k.dot_flops:
+        return k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans
+    return k.flops / peak + t_trans
