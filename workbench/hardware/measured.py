@@ -57,6 +57,7 @@ class Measured:
     """The measured refinements of one machine (None: not measured)."""
 
     physical_peak_flops: dict[str, float] | None = None  # host: what the cores could do, from their features
+    physical_clock_ghz: float | None = None  # host: the clock physical_peak_flops assumes (OS-reported or known max)
     first_touch_bw: float | None = None  # host: bytes/s of page-faulting fresh large output buffers
     onchip_bw: float | None = None  # host: measured bandwidth of a stream that stays in the last-level cache
     call_overhead_s: float | None = None  # host: measured time of a call that does almost nothing

@@ -1290,7 +1290,8 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
             transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
             cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
             transcendentals_per_s_library=lib,
-            physical_peak_flops=cal["physical"]["peak_flops"]),
+            physical_peak_flops=cal["physical"]["peak_flops"],
+            physical_clock_ghz=cal["physical"]["derivation"].get("clock_ghz")),
         onchip_bytes=onchip_bytes, matrix_unit=None, transcendentals_per_s=rate,
         sources={"peak_flops": src_m, "hbm_bw": src_m, "transcendentals_per_s": src_m,
                  "physical_peak_flops": Source("derived from CPU features: " + "; ".join(

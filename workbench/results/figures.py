@@ -17,6 +17,19 @@ def _save(fig, path: str) -> str:
     return path
 
 
+def physical_label(spec, dtype: str, physical: float) -> str:
+    """A physical roof's legend: the clock its derivation assumes, and where XLA measured more than it allows, the
+    clock that measurement implies (the physical figure is then a bound at the assumed clock, not the machine's)."""
+    ghz = spec.measured.physical_clock_ghz
+    if not ghz:
+        return f"{dtype} (physical)"
+    label = f"{dtype} (physical at {ghz:.2f} GHz"
+    measured = spec.peak_flops.get(dtype)
+    if measured and measured > physical:
+        label += f"; XLA's measured {measured / 1e9:.0f} GFLOP/s implies ≥ {ghz * measured / physical:.2f} GHz"
+    return label + ")"
+
+
 def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: str = "float32") -> str:
     """Log-log roofline: the spec's ceilings (measured XLA and, for the host, physical), its ridge point, and each
     point at (intensity, achieved FLOP/s) measured (filled) and predicted (hollow).
@@ -37,7 +50,7 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
     styles = [("-", "C0"), ("--", "C1"), (":", "C2")]
     peaks = {f"{dt} (XLA, measured)" if spec.kind == "cpu" else dt: v for dt, v in spec.peak_flops.items()}
     if spec.measured.physical_peak_flops:
-        peaks.update({f"{dt} (physical)": v for dt, v in spec.measured.physical_peak_flops.items()})
+        peaks.update({physical_label(spec, dt, v): v for dt, v in spec.measured.physical_peak_flops.items()})
     for i, (name, pk) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
         ls, c = styles[i % len(styles)][0], plt.cm.Greys(0.45 + 0.15 * i)
         ax.plot(x, np.minimum(pk, bw * x), ls, color=c, lw=1.5, label=f"roof {name}: {pk / 1e9:.0f} GFLOP/s")
