@@ -70,7 +70,7 @@ def parse_label(label: str) -> tuple[str, dict]:
     return name, ast.literal_eval(rest)
 
 
-_PRICED: dict[tuple, float] = {}
+_PRICED: dict[tuple, tuple] = {}
 
 
 def predict_op(builder: str, sizes: dict, dtype: str, spec: HardwareSpec) -> float:
@@ -79,11 +79,12 @@ def predict_op(builder: str, sizes: dict, dtype: str, spec: HardwareSpec) -> flo
     and spec within the process."""
 
     key = (builder, tuple(sorted(sizes.items())), dtype, id(spec))
-    if key not in _PRICED:
+    hit = _PRICED.get(key)
+    if hit is None or hit[0] is not spec:  # the entry holds its spec, so a spec's id is never reused while cached
         fn, args = program(builder, sizes, dtype)
         comp = compile_program(fn, *args, compute_dtype=dtype, analytic=False)
-        _PRICED[key] = predict(comp.cost, spec).predicted_s
-    return _PRICED[key]
+        hit = _PRICED[key] = (spec, predict(comp.cost, spec).predicted_s)
+    return hit[1]
 
 
 def replay(folder: str, *, skip=lambda builder, sizes, dtype: False) -> list[ReplayRow]:
