@@ -102,16 +102,10 @@ def resolve(spec: PredictSpec | Resolved, target: topo.Target | None = None) -> 
     any target device is built). `target`: one the caller has parsed already."""
     if isinstance(spec, Resolved):
         return spec
-    if spec.mode not in MODES:
-        raise WorkbenchError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
-    policy = get_policy(spec.policy)
     if spec.strategy is None:
         raise WorkbenchError("--strategy is required; choose one of dp, fsdp, tp, fsdp+tp, sp, cp, fsdp+cp, "
                              "fsdp+tp+cp, ep")
-    strategy = get_strategy(spec.strategy)
-    rules = get_rules(strategy.rules, shard_activations=spec.shard_activations)  # no tensor axis: one line
-    target = target or topo.parse_target(spec.target)
-    return Resolved(dataclasses.replace(spec, target=target.name), target, strategy, rules, policy)
+    return Resolver(target or topo.parse_target(spec.target), spec.policy)(spec)
 
 
 class Resolver:
