@@ -110,6 +110,23 @@ def memory_analysis(compiled) -> tuple[dict[str, float], list[str]]:
     return {k: float(getattr(m, f"{k}_size_in_bytes", 0) or 0) for k in MEMORY_FIELDS}, []
 
 
+def hlo_module_class():
+    """jaxlib's HloModule binding (from_serialized_hlo_module_proto, to_string), or None where this jaxlib has none:
+    `jaxlib._hlo` (0.12), `xla_client._xla` (earlier)."""
+    try:
+        from jaxlib import _hlo
+
+        return _hlo.HloModule
+    except ImportError:
+        pass
+    try:
+        from jax._src.lib import xla_client
+
+        return getattr(xla_client._xla, "HloModule", None)
+    except ImportError:
+        return None
+
+
 def experimental_roofline():
     """jax.experimental.roofline (the analytic counter), or None where this jax lacks it."""
     try:

@@ -104,6 +104,47 @@ def test_trip_count_read_from_the_loop_condition():
     assert runs["body"] == 6
 
 
+UNROLLED_HLO = """HloModule u
+
+%body (p: (u32[], f32[8])) -> (u32[], f32[8]) {
+  %p = (u32[], f32[8]{0}) parameter(0)
+  %i = u32[] get-tuple-element(%p), index=0
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %two = u32[] constant(STEP)
+  %next = u32[] add(%i, %two)
+  %y = f32[8]{0} add(%x, %x)
+  ROOT %t = (u32[], f32[8]{0}) tuple(%next, %y)
+}
+
+%cond (p: (u32[], f32[8])) -> pred[] {
+  %cp = (u32[], f32[8]{0}) parameter(0)
+  %ci = u32[] get-tuple-element(%cp), index=0
+  %n = u32[] constant(8)
+  ROOT %lt = pred[] compare(%ci, %n), direction=DIR
+}
+
+ENTRY %main (a: f32[8]) -> (u32[], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %z = u32[] constant(START)
+  %init = (u32[], f32[8]{0}) tuple(%z, %a)
+  ROOT %loop = (u32[], f32[8]{0}) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_trip_count_reads_the_counters_step_and_start():
+    """A windowed einsum's loop unrolled by two counts 0, 2, 4, 6 to 8: 4 runs, not 8 (reading only the bound
+    priced every collective matmul of a TPU program twice). A counter from 1: 7 runs; `i <= 8` by 2: 5."""
+    def runs(step, start, direction):
+        text = UNROLLED_HLO.replace("STEP", str(step)).replace("START", str(start)).replace("DIR", direction)
+        return hlo.runs_per_computation(hlo.parse_module(text))["body"]
+    assert runs(2, 0, "LT") == 4
+    assert runs(1, 0, "LT") == 8
+    assert runs(1, 1, "LT") == 7
+    assert runs(3, 0, "LT") == 3
+    assert runs(2, 0, "LE") == 5
+
+
 def test_fused_collectives_counted_once_as_the_kind_they_implement():
     cs = hlo.parse_collectives(TPU_HLO, n_devices=4)
     kinds = sorted((c.kind, c.payload_bytes, c.count) for c in cs)

@@ -62,3 +62,29 @@ def test_offload_lowers_device_memory_against_per_layer_remat(results_dir):
         assert r["compiled"] and r["fits"], r.get("reason")
         mem[remat] = r["memory_breakdown"]["temp_bytes"]
     assert mem["offload"] < mem["per-layer"], mem
+
+
+def test_windowed_einsum_loops_are_counted_at_their_real_trip_count(results_dir):
+    """FSDP over 16 chips at these widths: libtpu turns the weight all-gathers and gradient reduce-scatters into
+    collective matmuls (windowed einsum loops, unrolled by two, the counter stepping by 2). Counted at the loop
+    bound alone their matmuls ran twice (1.57× the expected flops); read with the counter's step, the HLO kernel sum
+    is the expected count."""
+    r = wp.predict_once(wp.PredictSpec(
+        "llama3-8b", "tpu-v5e:4x4", "fsdp", batch=16, seq=1024, remat="per-layer",
+        overrides="n_layers=2,vocab_size=1024,d_model=2048,n_heads=16,n_kv_heads=4,d_ff=8192"))
+    assert r["fits"]
+    assert 0.9 <= r["flop_counts"]["hlo_over_expected"] <= 1.1, r["flop_counts"]
+
+
+def test_a_program_that_does_not_fit_is_priced_from_the_hlo_the_compiler_wrote(results_dir):
+    """The compiler refuses the program (HBM overflow) after optimizing it; compiled once more with a dump, its
+    optimized HLO prices the step it would take. The record still says it does not fit, with the compiler's
+    memory figure, and its flop count is the expected one (scanned layers read through the proto's printout)."""
+    spec = wp.PredictSpec("tiny", "tpu-v5e:1x1", "dp", batch=2048, seq=1024, remat="none")
+    refused = wp.predict_once(spec)
+    assert not refused["fits"] and refused["predicted_step_s"] is None
+    r = wp.predict_once(spec, price_unfit=True)
+    assert not r["fits"] and not r["compiled"] and "ran out of memory" in r["reason"]
+    assert r["memory_per_device_bytes"] > 16e9 and r["priced_from"]
+    assert r["predicted_step_s"] > 0 and r["compute_s"] > 0
+    assert 0.85 <= r["flop_counts"]["hlo_over_expected"] <= 1.25, r["flop_counts"]

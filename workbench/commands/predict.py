@@ -35,7 +35,10 @@ def summary_rows(r: dict) -> list[dict]:
                      ("predicted_mfu", "predicted MFU"), ("xla_estimate_s", "compiler estimate s"),
                      ("compile_s", "compile s")):
         if r.get(k) is not None:
-            rows.append({"field": label, "value": fmt(float(r[k]))})
+            unfit = k == "predicted_step_s" and r.get("priced_from")
+            rows.append({"field": label + (" (were there room)" if unfit else ""), "value": fmt(float(r[k]))
+                         + (" — priced from the optimized HLO the compiler wrote before it ran out of memory"
+                            if unfit else "")})
     for kind, v in (r.get("collectives") or {}).items():
         rows.append({"field": f"  {kind}", "value": f"{int(v['count'])}× {v['bytes'] / 2**20:.3g} MiB"})
     if r.get("pipeline"):

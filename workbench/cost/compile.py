@@ -84,3 +84,99 @@ def _devices_of(args) -> int:
         if sh is not None and hasattr(sh, "num_devices"):
             n = max(n, sh.num_devices)
     return n
+
+
+class UncompiledHlo:
+    """The optimized HLO of a program the compiler refused for want of memory, standing in for a jax `Compiled`
+    where only its text is read (workbench.cost.report.costs_from_compiled): no cost_analysis, no memory_analysis."""
+
+    def __init__(self, text: str):
+        self._text = text
+
+    def as_text(self) -> str:
+        return self._text
+
+    def cost_analysis(self):
+        raise RuntimeError("the program did not compile (out of memory): no compiler cost_analysis")
+
+    def memory_analysis(self):
+        raise RuntimeError("the program did not compile (out of memory): no memory_analysis")
+
+
+def optimized_hlo_of_oom(lowered) -> str | None:
+    """The optimized HLO of a program whose compile runs out of device memory, or None where the compiler leaves none.
+
+    The compiler runs its optimization passes before it assigns buffers, and with an XLA dump directory it writes
+    the optimized module before it reports the overflow (`*.after_optimizations.hlo.pb`). The module is read from the
+    proto and printed by this jaxlib, so tuple elements are explicit get-tuple-element instructions as in
+    `Compiled.as_text()` (libtpu's own text dump writes them as `%x#k`, which the HLO reader does not follow). The
+    dump goes to a temporary directory removed afterwards; the compile runs a second time to write it."""
+    import glob
+    import os
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="workbench-oom-hlo-")
+    try:
+        try:
+            lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_proto": True})
+            return None  # it compiled this time: the caller's first answer stands
+        except Exception as e:  # noqa: BLE001
+            if not is_resource_exhausted(e):
+                return None
+        for path in sorted(glob.glob(os.path.join(d, "*.after_optimizations.hlo.pb")), key=os.path.getsize,
+                           reverse=True):
+            with open(path, "rb") as f:
+                text = hlo_text_of_proto(f.read())
+            if text:
+                return text
+        return None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _proto_field(buf: bytes, number: int) -> bytes | None:
+    """The first length-delimited field `number` of a serialized protocol buffer message (wire format)."""
+    def varint(i: int) -> tuple[int, int]:
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v, i
+    i = 0
+    while i < len(buf):
+        key, i = varint(i)
+        num, wire = key >> 3, key & 7
+        if wire == 2:
+            n, i = varint(i)
+            if num == number:
+                return buf[i:i + n]
+            i += n
+        elif wire == 0:
+            _, i = varint(i)
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            return None
+    return None
+
+
+def hlo_text_of_proto(data: bytes) -> str | None:
+    """An XLA dump's `HloProto` (its field 1 is the HloModuleProto) printed as HLO text by this jaxlib; None when
+    it does not parse."""
+    from workbench import compat
+
+    module_cls = compat.hlo_module_class()
+    if module_cls is None:
+        return None
+    for blob in (_proto_field(data, 1), data):
+        if not blob:
+            continue
+        try:
+            return module_cls.from_serialized_hlo_module_proto(blob).to_string()
+        except Exception:  # noqa: BLE001 - not this message
+            continue
+    return None

@@ -216,26 +216,73 @@ def attr(attrs: str, key: str) -> str | None:
     return m2.group(0) if m2 else None
 
 
-def _trip_count(attrs: str, mod: "Module | None" = None) -> int:
+def _trip_count(attrs: str, mod: "Module | None" = None, init: dict[str, Instr] | None = None,
+                operand: str | None = None) -> int:
     """A while loop's trip count: XLA's `known_trip_count` backend config (XLA:CPU/GPU), else read from the loop
-    condition (libtpu's optimized HLO carries none): `compare(get-tuple-element(param), constant(N)), direction=LT`
-    with the counter starting at 0 runs N times (LE: N + 1). 1 when neither says."""
+    (libtpu's optimized HLO carries none): the condition `compare(get-tuple-element(param, k), constant(N))`,
+    the counter's step from the body (element k of its root tuple, `add(get-tuple-element(param, k),
+    constant(s))`; 1 when it is not of that form) and its start from the loop's initial tuple (the caller's
+    instructions `init`, the while's operand `operand`; 0 when it is not a constant). A windowed einsum's loop
+    unrolled by two steps its counter by 2: direction LT runs ceil((N − start) / step) times, LE one more when
+    the last value lands on N. 1 when nothing says."""
     m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', attrs)
     if m:
         return int(m.group(1))
     if mod is not None:
-        n = _trip_count_from_condition(mod, (attr(attrs, "condition") or "").lstrip("%"))
+        n = _trip_count_from_loop(mod, (attr(attrs, "condition") or "").lstrip("%"),
+                                  (attr(attrs, "body") or "").lstrip("%"), init or {}, operand)
         if n:
             return n
     return 1
 
 
-def _trip_count_from_condition(mod: "Module", cond: str) -> int | None:
-    body = mod.computations.get(cond, [])
-    root = next((i for i in body if i.is_root), None)
+def _constant_int(ins: Instr | None) -> int | None:
+    if ins is None or ins.opcode != "constant":
+        return None
+    mm = re.match(r"\s*(-?\d+)", ins.raw_operands)
+    return int(mm.group(1)) if mm else None
+
+
+def _tuple_index(ins: Instr) -> int | None:
+    mm = re.search(r"index=(\d+)", ins.attrs)
+    return int(mm.group(1)) if mm else None
+
+
+def _counter_step(mod: "Module", body: str, k: int) -> int:
+    """The constant the loop body adds to tuple element k (1 when it is not `add(gte(param, k), constant)`)."""
+    instrs = mod.computations.get(body, [])
+    root = next((i for i in instrs if i.is_root), None)
+    if root is None or root.opcode != "tuple" or k >= len(root.operands):
+        return 1
+    named = {i.name: i for i in instrs}
+    nxt = named.get(root.operands[k])
+    if nxt is None or nxt.opcode != "add" or len(nxt.operands) != 2:
+        return 1
+    x, y = (named.get(o) for o in nxt.operands)
+    if _constant_int(x) is not None:
+        x, y = y, x
+    step = _constant_int(y)
+    if x is None or x.opcode != "get-tuple-element" or _tuple_index(x) != k or not step or step < 1:
+        return 1
+    return step
+
+
+def _counter_start(init: dict[str, Instr], operand: str | None, k: int) -> int:
+    """Element k of the loop's initial tuple when it is a constant, else 0."""
+    tup = init.get(operand or "")
+    if tup is None or tup.opcode != "tuple" or k >= len(tup.operands):
+        return 0
+    v = _constant_int(init.get(tup.operands[k]))
+    return v if v is not None else 0
+
+
+def _trip_count_from_loop(mod: "Module", cond: str, body: str, init: dict[str, Instr],
+                          operand: str | None) -> int | None:
+    instrs = mod.computations.get(cond, [])
+    root = next((i for i in instrs if i.is_root), None)
     if root is None or root.opcode != "compare" or len(root.operands) != 2:
         return None
-    named = {i.name: i for i in body}
+    named = {i.name: i for i in instrs}
     direction = attr(root.attrs, "direction")
     a, b = (named.get(o) for o in root.operands)
     if a is None or b is None:
@@ -243,16 +290,15 @@ def _trip_count_from_condition(mod: "Module", cond: str) -> int | None:
     if a.opcode == "constant" and b.opcode == "get-tuple-element":  # N > i
         a, b = b, a
         direction = {"GT": "LT", "GE": "LE"}.get(direction, direction)
-    if a.opcode != "get-tuple-element" or b.opcode != "constant":
+    n = _constant_int(b)
+    if a.opcode != "get-tuple-element" or n is None:
         return None
-    mm = re.match(r"\s*(-?\d+)", b.raw_operands)
-    if not mm:
-        return None
-    n = int(mm.group(1))
+    k = _tuple_index(a)
+    step, start = (1, 0) if k is None else (_counter_step(mod, body, k), _counter_start(init, operand, k))
     if direction == "LT":
-        return max(n, 0)
+        return max(-(-(n - start) // step), 0)
     if direction == "LE":
-        return max(n + 1, 0)
+        return max((n - start) // step + 1, 0)
     return None
 
 
@@ -266,9 +312,12 @@ def _multiplicities(mod: Module) -> dict[str, int]:
         if c in seen:
             continue
         seen.add(c)
-        for ins in mod.computations.get(c, []):
+        instrs = mod.computations.get(c, [])
+        named = None
+        for ins in instrs:
             if ins.opcode == "while":
-                n = _trip_count(ins.attrs, mod)
+                named = named if named is not None else {i.name: i for i in instrs}
+                n = _trip_count(ins.attrs, mod, named, ins.operands[0] if ins.operands else None)
                 for key in ("body", "condition"):
                     callee = (attr(ins.attrs, key) or "").lstrip("%")
                     if callee in mod.computations:

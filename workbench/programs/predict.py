@@ -42,7 +42,7 @@ from partitioning.rules import Rules, get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
 from partitioning.strategy import Strategy, get_strategy
 from workbench import compat
-from workbench.cost.compile import is_resource_exhausted
+from workbench.cost.compile import UncompiledHlo, is_resource_exhausted, optimized_hlo_of_oom
 from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import WorkbenchError
 from workbench.hardware import spec as hardware
@@ -637,8 +637,11 @@ def _explain_fields(lw: Lowered, p: _Priced, hw, flop_counts, mflops: float, mfl
 
 
 def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
-                    error: str | None = None) -> TargetPrediction:
-    """Turn a lowered (and compiled, or failed) program into the prediction record's body."""
+                    error: str | None = None, oom_hlo: str | None = None) -> TargetPrediction:
+    """Turn a lowered (and compiled, or failed) program into the prediction record's body.
+
+    oom_hlo: the optimized HLO of a program the compiler refused for want of memory (optimized_hlo_of_oom); the
+    record then says it does not fit and still prices the step it would take (`priced_from`)."""
     target, spec = lw.target, lw.spec
     hw = target_spec(target)  # per device (the chip's share on v7x)
     n = target.n_devices
@@ -650,13 +653,15 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
     out = _base_fields(lw, hw, tokens, mflops, floor_s, compute_dtype, compile_s)
     if lw.cfg.is_moe:  # the analytic MoE buffers, beside (or instead of, when it does not compile) memory_analysis
         out["moe_memory"] = moe_memory_of(lw)
-    if lw.lowered is None or error is not None:  # the pre-check decided, or the compiler ran out of memory
-        out.update(_precheck_refusal(lw, hw) if lw.lowered is None else _oom_refusal(error, target))
+    if lw.lowered is None or (error is not None and oom_hlo is None):  # the pre-check decided, or the compiler
+        out.update(_precheck_refusal(lw, hw) if lw.lowered is None else _oom_refusal(error, target))  # ran out
         out["notes"] = notes
         return TargetPrediction(out)
+    if error is not None:
+        compiled = UncompiledHlo(oom_hlo)
     p = _price_compiled(lw, compiled, hw, compute_dtype, notes)
     cost, pred = p.cost, p.pred
-    fits = _fits(lw, cost.peak_memory_bytes, hw, notes)
+    fits = False if error is not None else _fits(lw, cost.peak_memory_bytes, hw, notes)
     flop_counts = reconcile_flops(cost, mflops, n, lw.cfg, spec.mode, lw.seq, used=pred.flops)
     notes.extend(flop_counts.notes)
     if pred.compute_s < 0.95 * floor_s:
@@ -680,8 +685,18 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
                              "share_of_compiled_temp": out["moe_memory"]["peak_bytes"] / cost.temp_bytes
                              if cost.temp_bytes else None}
     out["explain"] = _explain_fields(lw, p, hw, flop_counts, mflops, mflops_how)
+    if error is not None:  # what the compiler said about memory replaces what an uncompiled program cannot say
+        out.update({k: v for k, v in _oom_refusal(error, target).items() if k in _MEMORY_FIELDS})
+        out.pop("memory_breakdown", None)
+        out["priced_from"] = ("the optimized HLO the compiler wrote before it ran out of memory: the step this "
+                              "program would take were there room (its memory is the compiler's message's)")
+        notes.append("does not fit; the step is priced from the optimized HLO the compiler wrote before it ran out "
+                     "of memory")
     out["notes"] = notes + list(pred.notes)
     return TargetPrediction(out, cost, pred)
+
+
+_MEMORY_FIELDS = ("fits", "compiled", "memory_per_device_bytes", "memory_source", "overshoot_bytes", "reason")
 
 
 def moe_memory_of(lw: Lowered) -> dict:
@@ -757,18 +772,29 @@ def _overshoot_from_words(words: str) -> tuple[float, float] | None:
 # ----------------------------------------------------------------------------------------------- entry points
 
 
-def predict_once(spec: PredictSpec | Resolved, *, compile_anyway: bool = False) -> TargetPrediction:
-    """Lower, compile and predict one spec exactly as given (no automatic remat)."""
-    lw = lower(spec, precheck=not compile_anyway)
+def predict_once(spec: PredictSpec | Resolved, *, compile_anyway: bool = False,
+                 price_unfit: bool = False) -> TargetPrediction:
+    """Lower, compile and predict one spec exactly as given (no automatic remat).
+
+    price_unfit: when the compiler runs out of memory, compile once more to read the optimized HLO it wrote and
+    price the step anyway (the record still says it does not fit)."""
+    return _predict_lowered_spec(lower(spec, precheck=not compile_anyway), price_unfit)
+
+
+def _predict_lowered_spec(lw: Lowered, price_unfit: bool) -> TargetPrediction:
     spec = lw.spec
-    compiled, cs, err = (None, None, None)
+    compiled, cs, err, oom_hlo = (None, None, None, None)
     if lw.lowered is not None:
         n = lw.mesh.size
         say(f"predict: compiling {spec.preset} {spec.mode} (remat {lw.cfg.remat}) for {spec.target}: {n} devices, "
             f"{lw.compiler}" + (" — pod-scale programs take minutes on a CPU host" if n >= 64 else ""))
         compiled, cs, err = compile_lowered(lw)
         say(f"predict: compiled in {cs:.0f} s" + ("" if err is None else " — the compiler ran out of memory"))
-    return predict_lowered(lw, compiled, cs, err)
+        if err is not None and price_unfit:
+            say("predict: compiling once more to read the optimized program the compiler wrote before it ran out "
+                "of memory")
+            oom_hlo = optimized_hlo_of_oom(lw.lowered)
+    return predict_lowered(lw, compiled, cs, err, oom_hlo)
 
 
 def predict(spec: PredictSpec | Resolved, *, store: bool = True, compile_anyway: bool = False) -> TargetPrediction:
@@ -779,14 +805,17 @@ def predict(spec: PredictSpec | Resolved, *, store: bool = True, compile_anyway:
     """
     r = resolve(spec)
     spec = r.spec
-    body = predict_once(r, compile_anyway=compile_anyway)
+    lw = lower(r, precheck=not compile_anyway)
+    # a program that does not fit is priced all the same when it is the answer (not when auto remat tries again)
+    retries = spec.remat in ("auto", None) and spec.mode == "train" and lw.cfg.remat != "per-layer"
+    body = _predict_lowered_spec(lw, price_unfit=not retries)
     if store:
         record(body, spec, kind="predict")
     if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
             and body.get("compile_s") is not None and body["remat"] != "per-layer"):
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
         say(f"predict: with remat {body['remat']} the step does not fit; trying per-layer rematerialization")
-        second = predict_once(r.with_remat("per-layer"), compile_anyway=compile_anyway)
+        second = predict_once(r.with_remat("per-layer"), compile_anyway=compile_anyway, price_unfit=True)
         second = second.with_fields(remat_auto={
             "tried_first": body["remat"], **first, "chosen": "per-layer",
             "why": ("without rematerialization" if body["remat"] == "none" else f"with remat {body['remat']}")
