@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
+import shutil
+import tempfile
 import time
 from typing import Any, Callable
 
+from workbench import compat
 from workbench.cost.analytic import analytic_count
 from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import DoesNotFit
@@ -111,11 +116,6 @@ def optimized_hlo_of_oom(lowered) -> str | None:
     proto and printed by this jaxlib, so tuple elements are explicit get-tuple-element instructions as in
     `Compiled.as_text()` (libtpu's own text dump writes them as `%x#k`, which the HLO reader does not follow). The
     dump goes to a temporary directory removed afterwards; the compile runs a second time to write it."""
-    import glob
-    import os
-    import shutil
-    import tempfile
-
     d = tempfile.mkdtemp(prefix="workbench-oom-hlo-")
     try:
         try:
@@ -167,8 +167,6 @@ def _proto_field(buf: bytes, number: int) -> bytes | None:
 def hlo_text_of_proto(data: bytes) -> str | None:
     """An XLA dump's `HloProto` (its field 1 is the HloModuleProto) printed as HLO text by this jaxlib; None when
     it does not parse."""
-    from workbench import compat
-
     module_cls = compat.hlo_module_class()
     if module_cls is None:
         return None
