@@ -811,8 +811,7 @@ def predict(spec: PredictSpec | Resolved, *, store: bool = True, compile_anyway:
     body = _predict_lowered_spec(lw, price_unfit=not retries)
     if store:
         record(body, spec, kind="predict")
-    if (spec.remat in ("auto", None) and spec.mode == "train" and not body["fits"]
-            and body.get("compile_s") is not None and body["remat"] != "per-layer"):
+    if retries and not body["fits"] and body.get("compile_s") is not None:
         first = {k: body.get(k) for k in ("fits", "reason", "memory_per_device_bytes", "compile_s")}
         say(f"predict: with remat {body['remat']} the step does not fit; trying per-layer rematerialization")
         second = predict_once(r.with_remat("per-layer"), compile_anyway=compile_anyway, price_unfit=True)
