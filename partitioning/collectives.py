@@ -11,7 +11,9 @@ TPUs", collectives chapter):
     all-gather, reduce-scatter : V·(g−1)/g / (2k·link_bw) + α·(g−1)
     all-reduce                 : 2 × reduce-scatter (reduce-scatter then all-gather)
     all-to-all                 : V·g/8 / (k·link_bw)  (average ring distance g/4, both directions)
-    collective-permute         : V / link_bw + α
+    collective-permute         : V / link_bw + α;  one of a bidirectional pair (two permutes in flight together,
+                                 each the other's pairs reversed: a ring step sending one chunk each way, as libtpu's
+                                 collective matmuls do) V / (2·link_bw) + α/2, the pair costing what one does
 NVLink (switched, full bisection inside a node; NCCL ring algorithms; per-GPU one-way bandwidth B = link_bw·links):
     all-gather, reduce-scatter : V·(g−1)/g / B + α·(g−1);  all-reduce: 2× that;  all-to-all: V·(g−1)/g / B
     collective-permute         : V / B
@@ -32,13 +34,15 @@ GPUS_PER_NODE = 8
 
 
 def collective_time(kind: str, payload_bytes: float, group_size: int, interconnect, *, torus_axes: int = 1,
-                    operands: int = 1) -> float:
+                    operands: int = 1, bidirectional: bool = False) -> float:
     """Seconds one device spends in one collective. group_size 1 (or a no-op) costs 0. operands: the arrays a
     combined (tuple) all-reduce carries — one transfer on a real interconnect, but on simulated host devices
     (`host-memory`) XLA:CPU's in-process all-reduce meets once per array, so each pays the rendezvous (8 simulated
     devices here: one all-reduce of 131072 floats 0.89 ms, the same floats as 32 arrays 11.5 ms). An all-to-all's
     operands (one per peer) share one rendezvous: 32 all-to-alls of 8 arrays each ran in 12.4 ms, a rendezvous per
-    array would be 62 ms."""
+    array would be 62 ms. bidirectional: a collective-permute that is one half of a bidirectional pair
+    (CollectiveOp.bidirectional); on a torus the halves use opposite links at once, elsewhere (a switch port's
+    egress, host memory) they share one path and each costs its own time."""
     V, g = float(payload_bytes), int(group_size)
     if kind == "collective-permute":
         g = max(g, 2)
@@ -52,9 +56,10 @@ def collective_time(kind: str, payload_bytes: float, group_size: int, interconne
         k = max(1, torus_axes)
         bw = 2 * k * ic.link_bw
         ag = V * frac / bw + a * (g - 1)
+        permute = (V / ic.link_bw + a) / (2 if bidirectional else 1)
         return {"all-gather": ag, "reduce-scatter": ag, "all-reduce": 2 * ag,
                 "all-to-all": V * g / 8 / (k * ic.link_bw) + a * (g - 1),
-                "collective-broadcast": ag, "collective-permute": V / ic.link_bw + a}[_known(kind)]
+                "collective-broadcast": ag, "collective-permute": permute}[_known(kind)]
     if ic.kind == "nvlink":
         B = ic.link_bw * ic.links
         if g > GPUS_PER_NODE and ic.scale_out_bw:

@@ -248,8 +248,17 @@ def _tuple_index(ins: Instr) -> int | None:
     return int(mm.group(1)) if mm else None
 
 
+def _through_copies(named: dict[str, Instr], ins: Instr | None) -> Instr | None:
+    """The instruction a chain of copies and bitcasts starts from (libtpu copies a loop counter into scalar memory
+    before it adds the step)."""
+    while ins is not None and ins.opcode in ("copy", "bitcast") and len(ins.operands) == 1:
+        ins = named.get(ins.operands[0])
+    return ins
+
+
 def _counter_step(mod: "Module", body: str, k: int) -> int:
-    """The constant the loop body adds to tuple element k (1 when it is not `add(gte(param, k), constant)`)."""
+    """The constant the loop body adds to tuple element k (1 when it is not `add(gte(param, k), constant)`, the
+    element read through copies and bitcasts)."""
     instrs = mod.computations.get(body, [])
     root = next((i for i in instrs if i.is_root), None)
     if root is None or root.opcode != "tuple" or k >= len(root.operands):
@@ -258,7 +267,7 @@ def _counter_step(mod: "Module", body: str, k: int) -> int:
     nxt = named.get(root.operands[k])
     if nxt is None or nxt.opcode != "add" or len(nxt.operands) != 2:
         return 1
-    x, y = (named.get(o) for o in nxt.operands)
+    x, y = (_through_copies(named, named.get(o)) for o in nxt.operands)
     if _constant_int(x) is not None:
         x, y = y, x
     step = _constant_int(y)
@@ -272,7 +281,7 @@ def _counter_start(init: dict[str, Instr], operand: str | None, k: int) -> int:
     tup = init.get(operand or "")
     if tup is None or tup.opcode != "tuple" or k >= len(tup.operands):
         return 0
-    v = _constant_int(init.get(tup.operands[k]))
+    v = _constant_int(_through_copies(init, init.get(tup.operands[k])))
     return v if v is not None else 0
 
 
@@ -284,7 +293,7 @@ def _trip_count_from_loop(mod: "Module", cond: str, body: str, init: dict[str, I
         return None
     named = {i.name: i for i in instrs}
     direction = attr(root.attrs, "direction")
-    a, b = (named.get(o) for o in root.operands)
+    a, b = (_through_copies(named, named.get(o)) for o in root.operands)
     if a is None or b is None:
         return None
     if a.opcode == "constant" and b.opcode == "get-tuple-element":  # N > i
@@ -393,6 +402,9 @@ class CollectiveOp:
     # arrays it acts on: a combined (tuple) collective carries several; XLA:CPU's in-process all-reduce meets once
     # per array, so on simulated devices each costs a rendezvous (partitioning.collectives.collective_time)
     operands: int = 1
+    # a collective-permute in flight together with one whose pairs are its own reversed (a bidirectional ring step,
+    # as libtpu's collective matmuls send one chunk each way): on a torus the two use opposite links at once
+    bidirectional: bool = False
 
 
 def _dims(attrs: str, key: str) -> tuple[int, ...]:
@@ -1373,6 +1385,7 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
     out = []
     for comp, m in mult.items():
         seen: set[tuple] = set()
+        both_ways = _bidirectional_permutes(mod.computations.get(comp, []))
         for ins in mod.computations.get(comp, []):
             op = ins.opcode
             if op.endswith("-done") or op.endswith("-update"):
@@ -1391,8 +1404,33 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
             kind = _collective_kind(op)
             if kind is None:
                 continue
-            out.append(_collective_op(ins, kind, op.endswith("-start"), m, by_name, mesh, n_devices))
+            c = _collective_op(ins, kind, op.endswith("-start"), m, by_name, mesh, n_devices)
+            out.append(dataclasses.replace(c, bidirectional=True) if ins.name in both_ways else c)
     return out
+
+
+def _bidirectional_permutes(instrs: list[Instr]) -> set[str]:
+    """Names of the async collective-permutes started while another is in flight (started, not yet done) whose
+    source-target pairs are its own reversed: the two halves of one bidirectional ring step."""
+    in_flight: dict[str, frozenset] = {}
+    both: set[str] = set()
+    for ins in instrs:
+        if ins.opcode == "collective-permute-start":
+            pairs = frozenset(_pairs(attr(ins.attrs, "source_target_pairs")))
+            reverse = frozenset((t, s) for s, t in pairs)
+            for other, theirs in in_flight.items():
+                if pairs and theirs == reverse and pairs != reverse:
+                    both.update((other, ins.name))
+            in_flight[ins.name] = pairs
+        elif ins.opcode == "collective-permute-done":
+            for o in ins.operands:
+                in_flight.pop(o, None)
+    return both
+
+
+def _pairs(text: str | None) -> list[tuple[int, int]]:
+    """source_target_pairs={{0,1},{1,2}} -> [(0, 1), (1, 2)]."""
+    return [(int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", text or "")]
 
 
 def xla_flags_in(text: str) -> dict:
