@@ -1338,7 +1338,7 @@ _PLUMBING_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast
 
 
 def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: dict[str, Instr], mesh,
-                   n_devices: int | None, payload: float | None = None) -> CollectiveOp:
+                   n_devices: int | None, payload: float | None = None, bidirectional: bool = False) -> CollectiveOp:
     operand_bytes = sum(by_name[o].out_bytes for o in ins.operands if o in by_name)
     shapes = ins.shapes
     if payload is not None:
@@ -1370,7 +1370,7 @@ def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: d
     arrays = max(1, sum(1 for o in ins.operands if o in by_name and len(by_name[o].shapes) == 1
                         and by_name[o].shapes[0].dtype != "token"))
     return CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups, is_async,
-                        count, groups if len(groups) <= 64 else (), axes, arrays)
+                        count, groups if len(groups) <= 64 else (), axes, arrays, bidirectional)
 
 
 def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: Module | None = None
@@ -1404,8 +1404,8 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
             kind = _collective_kind(op)
             if kind is None:
                 continue
-            c = _collective_op(ins, kind, op.endswith("-start"), m, by_name, mesh, n_devices)
-            out.append(dataclasses.replace(c, bidirectional=True) if ins.name in both_ways else c)
+            out.append(_collective_op(ins, kind, op.endswith("-start"), m, by_name, mesh, n_devices,
+                                      bidirectional=ins.name in both_ways))
     return out
 
 
@@ -1416,7 +1416,7 @@ def _bidirectional_permutes(instrs: list[Instr]) -> set[str]:
     both: set[str] = set()
     for ins in instrs:
         if ins.opcode == "collective-permute-start":
-            pairs = frozenset(_pairs(attr(ins.attrs, "source_target_pairs")))
+            pairs = frozenset(_expand_groups(attr(ins.attrs, "source_target_pairs")))
             reverse = frozenset((t, s) for s, t in pairs)
             for other, theirs in in_flight.items():
                 if pairs and theirs == reverse and pairs != reverse:
@@ -1426,11 +1426,6 @@ def _bidirectional_permutes(instrs: list[Instr]) -> set[str]:
             for o in ins.operands:
                 in_flight.pop(o, None)
     return both
-
-
-def _pairs(text: str | None) -> list[tuple[int, int]]:
-    """source_target_pairs={{0,1},{1,2}} -> [(0, 1), (1, 2)]."""
-    return [(int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", text or "")]
 
 
 def xla_flags_in(text: str) -> dict:
