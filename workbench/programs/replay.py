@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import statistics
+import sys
 
 from workbench.cost.compile import compile_program
 from workbench.hardware.spec import HardwareSpec
@@ -59,7 +60,6 @@ def host_folders(root: str = HOSTS_DIR) -> list[str]:
 
 
 def stored_spec(folder: str) -> HardwareSpec:
-
     with open(os.path.join(folder, "calibration.json")) as f:
         return spec_from_calibration(json.load(f))
 
@@ -77,7 +77,6 @@ def predict_op(builder: str, sizes: dict, dtype: str, spec: HardwareSpec) -> flo
     """Seconds per call of one op on `spec`: compiled here from abstract inputs (nothing is run), priced by
     workbench.roofline.prediction.predict as the demo and the error benchmark price it. Compiles are cached per op
     and spec within the process."""
-
     key = (builder, tuple(sorted(sizes.items())), dtype, id(spec))
     hit = _PRICED.get(key)
     if hit is None or hit[0] is not spec:  # the entry holds its spec, so a spec's id is never reused while cached
@@ -123,12 +122,26 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _largest_error_against_fastest(demo: list[ReplayRow]) -> float | None:
+    """The largest error of a demo op against its fastest stored timing: a disturbance only adds time, so an op
+    every run of which is far from its prediction is a miss of the model, one slow timing among fast ones is the
+    machine's (a 2-vCPU VM's stream samples spread 28-39 GB/s within one calibration)."""
+    fastest: dict[tuple, ReplayRow] = {}
+    for r in demo:
+        key = (r.builder, json.dumps(r.sizes, sort_keys=True), r.dtype)
+        if key not in fastest or r.measured_s < fastest[key].measured_s:
+            fastest[key] = r
+    return max((r.error for r in fastest.values()), default=None)
+
+
 def summarize(rows: list[ReplayRow]) -> dict:
-    """The figures docs/accuracy.md's host table gives: the demo ops' median and largest error over every demo file,
-    the error benchmark's held-out ops' median, each replayed here and as the host stored them."""
+    """The figures docs/accuracy.md's host table gives: the demo ops' median and largest error over every demo file
+    (and the largest against each op's fastest timing), the error benchmark's held-out ops' median, each replayed
+    here and as the host stored them."""
     demo = [r for r in rows if r.source.startswith("demo")]
     held = [r for r in rows if r.source == "prediction-error" and not r.in_sample]
     return {"demo_median": _median(r.error for r in demo), "demo_max": max((r.error for r in demo), default=None),
+            "demo_max_fastest": _largest_error_against_fastest(demo),
             "heldout_median": _median(r.error for r in held),
             "demo_median_stored": _median(r.error_stored for r in demo),
             "demo_max_stored": max((r.error_stored for r in demo if r.error_stored is not None), default=None),
@@ -138,8 +151,6 @@ def summarize(rows: list[ReplayRow]) -> dict:
 
 def main(argv=None) -> None:
     """python -m workbench.programs.replay [FOLDER ...]: every stored host's rows and medians."""
-    import sys
-
     folders = (argv if argv is not None else sys.argv[1:]) or host_folders()
     for folder in folders:
         rows = replay(folder)
@@ -151,7 +162,8 @@ def main(argv=None) -> None:
         s = summarize(rows)
         fmt = lambda x: f"{x:.1%}" if x is not None else "n/a"  # noqa: E731
         print(f"  demo median {fmt(s['demo_median'])} (stored {fmt(s['demo_median_stored'])}), largest "
-              f"{fmt(s['demo_max'])} (stored {fmt(s['demo_max_stored'])}); held-out ops median "
+              f"{fmt(s['demo_max'])} (stored {fmt(s['demo_max_stored'])}; against each op's fastest timing "
+              f"{fmt(s['demo_max_fastest'])}); held-out ops median "
               f"{fmt(s['heldout_median'])} (stored {fmt(s['heldout_median_stored'])})")
 
 
