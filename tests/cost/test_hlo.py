@@ -2,7 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.cost import hlo
@@ -97,6 +97,18 @@ def test_mesh_replica_groups_format():
     groups = hlo._expand_groups(spec)
     assert groups == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert hlo.mesh_axes_of_groups(groups, _mesh()) == ("data",)
+
+
+def test_mesh_axes_read_from_positions_not_device_ids():
+    """Replica groups hold partition ids (positions in the mesh's flat device order). A mesh whose devices are not
+    in id order (a TPU slice's physical mesh) must still name the axis the collective runs over: a sum over 'b' of
+    a mesh laid out as ids (0 2 4 6 / 1 3 5 7) is over 'b', not parts of both axes."""
+    devs = jax.devices()
+    mesh = Mesh(np.array([devs[i] for i in (0, 2, 4, 6, 1, 3, 5, 7)]).reshape(2, 4), ("a", "b"))
+    x = jax.ShapeDtypeStruct((8, 64), jnp.float32, sharding=NamedSharding(mesh, P("a", "b")))
+    c = jax.jit(lambda v: v.sum(1), out_shardings=NamedSharding(mesh, P("a"))).lower(x).compile()
+    (op,) = hlo.parse_collectives(c.as_text(), mesh=mesh)
+    assert op.groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and op.mesh_axes == ("b",)
 
 
 def test_shape_bytes():

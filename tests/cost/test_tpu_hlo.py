@@ -2,7 +2,9 @@
 """Reading libtpu's optimized HLO (no compile): loop trip counts from the condition, dots written as windowed
 convolutions, collectives hidden in kCustom fusions and async start/done fusion pairs, dot precision. The same
 forms compiled by libtpu are tested in tests/programs/test_tpu_programs.py."""
+from partitioning.collectives import collective_time
 from workbench.cost import hlo
+from workbench.hardware.spec import catalogue_spec
 from workbench.roofline import pricing
 
 TPU_HLO = """HloModule m, is_scheduled=true
@@ -143,6 +145,58 @@ def test_trip_count_reads_the_counters_step_and_start():
     assert runs(1, 1, "LT") == 7
     assert runs(3, 0, "LT") == 3
     assert runs(2, 0, "LE") == 5
+
+
+def test_trip_count_reads_a_counter_copied_before_its_step():
+    """libtpu copies the loop counter into scalar memory before it adds the step (`add(copy(gte(p, 0)), 2)`) and
+    may copy the start and the bound too: the counter is read through copies and bitcasts, 4 runs, not 8."""
+    text = UNROLLED_HLO.replace("STEP", "2").replace("START", "0").replace("DIR", "LT")
+    text = text.replace("  %next = u32[] add(%i, %two)",
+                        "  %ic = u32[] copy(%i)\n  %ib = u32[] bitcast(%ic)\n  %next = u32[] add(%ib, %two)")
+    text = text.replace("  %init = (u32[], f32[8]{0}) tuple(%z, %a)",
+                        "  %zc = u32[] copy(%z)\n  %init = (u32[], f32[8]{0}) tuple(%zc, %a)")
+    text = text.replace("ROOT %lt = pred[] compare(%ci, %n)", "%cc = u32[] copy(%ci)\n  ROOT %lt = pred[] compare(%cc, %n)")
+    assert "copy(%i)" in text and "copy(%z)" in text and "copy(%ci)" in text
+    assert hlo.runs_per_computation(hlo.parse_module(text))["body"] == 4
+    # a start that only a copy makes constant is read too: from 2 by 2 below 8, 3 runs
+    assert hlo.runs_per_computation(hlo.parse_module(text.replace("constant(0)", "constant(2)")))["body"] == 3
+
+
+PERMUTE_HLO = """HloModule p, is_scheduled=true
+
+ENTRY %main (a: bf16[64,1024], b: bf16[64,1024]) -> (bf16[64,1024], bf16[64,1024]) {
+  %a = bf16[64,1024]{1,0} parameter(0)
+  %b = bf16[64,1024]{1,0} parameter(1)
+  %fwd = (bf16[64,1024]{1,0}, bf16[64,1024]{1,0}, u32[], u32[]) collective-permute-start(%a), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %bwd = (bf16[64,1024]{1,0}, bf16[64,1024]{1,0}, u32[], u32[]) collective-permute-start(%b), channel_id=2, source_target_pairs=SECOND
+  %fd = bf16[64,1024]{1,0} collective-permute-done(%fwd)
+  %bd = bf16[64,1024]{1,0} collective-permute-done(%bwd)
+  ROOT %t = (bf16[64,1024]{1,0}, bf16[64,1024]{1,0}) tuple(%fd, %bd)
+}
+"""
+
+
+def test_a_bidirectional_ring_step_is_priced_as_one_permute_on_a_torus_only():
+    """Two permutes in flight together whose pairs are each other's reverse use opposite links at once: on ICI the
+    step costs one permute's time; on NVLink (a switch port: each direction has its own bandwidth already) both count.
+    Two permutes the same way, or one that finishes before the other starts, stay two."""
+
+    both = PERMUTE_HLO.replace("SECOND", "{{1,0},{2,1},{3,2},{0,3}}")
+    ops = hlo.parse_collectives(both, n_devices=4)
+    assert [o.kind for o in ops] == ["collective-permute"] * 2 and all(o.bidirectional for o in ops)
+    same_way = hlo.parse_collectives(PERMUTE_HLO.replace("SECOND", "{{0,1},{1,2},{2,3},{3,0}}"), n_devices=4)
+    assert not any(o.bidirectional for o in same_way)
+    one_after_other = both.replace("  %fd = bf16[64,1024]{1,0} collective-permute-done(%fwd)\n", "").replace(
+        "  %bwd =", "  %fd = bf16[64,1024]{1,0} collective-permute-done(%fwd)\n  %bwd =")
+    assert not any(o.bidirectional for o in hlo.parse_collectives(one_after_other, n_devices=4))
+
+    nbytes = ops[0].payload_bytes
+    for name, halves in (("tpu-v5p", True), ("h100-sxm", False)):
+        ic = catalogue_spec(name).interconnect
+        one = collective_time("collective-permute", nbytes, 4, ic)
+        two_way = collective_time("collective-permute", nbytes, 4, ic, bidirectional=True)
+        assert one > 0
+        assert two_way == (one / 2 if halves else one), name
 
 
 def test_fused_collectives_counted_once_as_the_kind_they_implement():

@@ -48,8 +48,10 @@ def check_terms(r: dict, collectives: list[dict]) -> float:
     for c in colls:
         by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["payload_bytes"] * c["count"]
     assert by_kind == pytest.approx({k: v["bytes"] for k, v in r["collectives_by_kind"].items()})
+    # each at the torus dimensions its own groups span (the program's figure where its groups were not kept)
     comm = sum(c["count"] * collective_time(c["kind"], c["payload_bytes"], c["group_size"], hw.interconnect,
-                                            torus_axes=r["torus_axes"] or 1) for c in colls)
+                                            torus_axes=c.get("torus_axes") or r["torus_axes"] or 1,
+                                            bidirectional=bool(c.get("bidirectional"))) for c in colls)
     assert r["comm_s"] == pytest.approx(comm, rel=1e-9)
     # the headline: the kernels' roofline overlapped with communication, never below the analytic floor
     step = max(r["kernel_s"], comm, floor)

@@ -1,6 +1,7 @@
 """workbench.programs.predict: bad input is one line; tiny compiles for TPU topologies and a GPU node; every term of the
 prediction recomputed by hand from the record and the published peaks; memory that cannot fit is reported
 (pre-check and compiler), never a crash."""
+import collections
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +13,13 @@ from jax.sharding import PartitionSpec as P
 from models.analytics import analytics
 from partitioning import topology as topo
 from partitioning.strategy import get_strategy
+from workbench.cost.hlo import CollectiveOp, torus_axes_of_group
+from workbench.cost.report import CostReport
 from workbench.errors import WorkbenchError
+from workbench.hardware.spec import catalogue_spec
 from workbench.programs import predict as wp
 from workbench.results.store import Store
+from workbench.roofline.prediction import predict
 
 from .roofline_by_hand import check_terms, hand_model_flops
 
@@ -155,6 +160,27 @@ def test_inference_steps_compile_with_a_sharded_kv_cache(mode, results_dir):
     assert r["tokens_per_step"] == (8 * cfg.seq_len if mode == "prefill" else 8)
 
 
+@needs_libtpu
+@pytest.mark.compile_heavy
+def test_tensor_parallel_partial_sums_travel_in_the_compute_dtype_on_tpu(results_dir):
+    """The bf16 step's dots return bf16 on a TPU (models/precision.py _rounded_on_device), so the partial sums a
+    row-parallel product reduces over the model axis travel in bf16, as in the programs MaxText compiles (its dots
+    return bf16); a float32 policy's travel in float32."""
+    def sums(policy):  # bytes summed over the model axis, by dtype
+        wp.predict(wp.PredictSpec("tiny", "tpu-v5e:2x2", "tp", batch=8, policy=policy))
+        out = collections.Counter()
+        for c in Store().records("predict")[-1]["costs"]["collectives"]:
+            if c["kind"] in ("all-reduce", "reduce-scatter") and any(a.startswith("model") for a in c["mesh_axes"]):
+                out[c["dtype"]] += c["payload_bytes"] * c["count"]
+        return out
+
+    # forward (attention and MLP outputs) and backward (their inputs' gradients) partial sums in bf16: about 5x the
+    # float32 bytes left (the vocabulary-split head); with float32 dot results it was the other way round
+    bf16 = sums("bf16")
+    assert bf16["bfloat16"] > 3 * bf16["float32"], bf16
+    assert set(sums("float32")) == {"float32"}
+
+
 def test_torus_axes_from_device_coords():
     from types import SimpleNamespace as NS
 
@@ -166,6 +192,26 @@ def test_torus_axes_from_device_coords():
     assert wp.torus_axes_of(NS(collectives=(full,)), mesh) == 2
     assert wp.torus_axes_of(NS(collectives=(row, full)), mesh) == 1  # the heaviest collective decides
     assert wp.torus_axes_of(NS(collectives=()), mesh) == 1
+    assert torus_axes_of_group((0, 1, 2, 3), mesh) == 1 and torus_axes_of_group(tuple(range(16)), mesh) == 2
+    assert torus_axes_of_group((0, 1), None) == 0
+
+
+def test_each_collective_is_priced_at_the_torus_axes_its_own_groups_span():
+    """An all-gather whose groups span two torus dimensions rings over both (twice the links): half the transfer
+    time of one along a single dimension, whatever the program's heaviest collective spans. A collective without
+    coordinates (0) takes the program's figure."""
+    spec = catalogue_spec("tpu-v5p")
+
+    def comm(*axes, program_k=1):
+        colls = tuple(CollectiveOp(f"ag{i}", "all-gather", "bfloat16", 64e6, 16, 1, True, torus_axes=k)
+                      for i, k in enumerate(axes))
+        return predict(CostReport(1e9, 0.0, 1e6, collectives=colls, n_devices=16, platform="tpu"), spec,
+                       simulated_mesh=False, torus_axes=program_k).comm_s
+
+    one, two = comm(1), comm(2)
+    assert two < 0.6 * one  # the bandwidth term halves; the per-hop latency stays
+    assert comm(1, 2) == pytest.approx(one + two)
+    assert comm(0, program_k=2) == pytest.approx(two)
 
 
 def test_xla_estimate_guards_non_positive_values():

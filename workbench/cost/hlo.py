@@ -10,6 +10,7 @@ convolutions, calls known to do no arithmetic); the others are listed (custom_ca
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 
@@ -405,6 +406,21 @@ class CollectiveOp:
     # a collective-permute in flight together with one whose pairs are its own reversed (a bidirectional ring step,
     # as libtpu's collective matmuls send one chunk each way): on a torus the two use opposite links at once
     bidirectional: bool = False
+    # torus dimensions its first group spans (TPU device coordinates); 0 when the devices carry none
+    torus_axes: int = 0
+
+
+def torus_axes_of_group(group, mesh) -> int:
+    """Torus dimensions one replica group spans: its members' device coordinates (partition ids are positions in
+    the mesh's flat device order) differ along that many dimensions; 0 without a mesh or coordinates."""
+    if mesh is None or not group:
+        return 0
+    flat = list(mesh.devices.flat)
+    try:
+        coords = [tuple(flat[i].coords) for i in group]
+    except (AttributeError, IndexError, TypeError):  # ids that are not positions, or devices without coords
+        return 0
+    return sum(1 for dim in zip(*coords) if len(set(dim)) > 1)
 
 
 def _dims(attrs: str, key: str) -> tuple[int, ...]:
@@ -1233,13 +1249,12 @@ def _expand_groups(spec: str | None) -> tuple[tuple[int, ...], ...]:
 
 
 def mesh_axes_of_groups(groups, mesh) -> tuple[str, ...]:
-    """Which mesh axes a collective's replica groups span (device ids are positions in mesh.devices.flat order of
-    device ids). Empty when they match no axis subset."""
+    """Which mesh axes a collective's replica groups span. The groups hold partition ids: positions in the mesh's
+    flat device order (the program's device assignment), not the devices' own ids, which differ wherever the mesh
+    orders its devices physically (a TPU slice's mesh). Empty when they match no axis subset."""
     if mesh is None or not groups:
         return ()
-    import itertools
-
-    ids = np.vectorize(lambda d: d.id)(mesh.devices) if mesh.devices.dtype == object else mesh.devices
+    ids = np.arange(mesh.devices.size).reshape(mesh.devices.shape)
     names = list(mesh.axis_names)
     target = {frozenset(g) for g in groups}
 
@@ -1370,7 +1385,8 @@ def _collective_op(ins: Instr, kind: str, is_async: bool, count: int, by_name: d
     arrays = max(1, sum(1 for o in ins.operands if o in by_name and len(by_name[o].shapes) == 1
                         and by_name[o].shapes[0].dtype != "token"))
     return CollectiveOp(ins.name, kind, HLO_TO_NUMPY.get(dtype, dtype), float(payload), gsize, ngroups, is_async,
-                        count, groups if len(groups) <= 64 else (), axes, arrays, bidirectional)
+                        count, groups if len(groups) <= 64 else (), axes, arrays, bidirectional,
+                        torus_axes_of_group(groups[0] if groups else (), mesh))
 
 
 def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: Module | None = None

@@ -462,7 +462,8 @@ class _Pricing:
 
     def collective(self, c) -> tuple[float, float, float, float, str, int]:
         pred = collective_time(c.kind, c.payload_bytes, c.group_size, self.interconnect,
-                               operands=c.operands, bidirectional=c.bidirectional) * c.count * self.mult
+                               torus_axes=c.torus_axes or 1, operands=c.operands,
+                               bidirectional=c.bidirectional) * c.count * self.mult
         return pred, 0.0, 0.0, c.payload_bytes * c.count * self.mult, "comm", c.count
 
 

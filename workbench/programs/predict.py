@@ -43,6 +43,7 @@ from partitioning.shard import activation_sharding, spec_for, state_shardings
 from partitioning.strategy import Strategy, get_strategy
 from workbench import compat
 from workbench.cost.compile import UncompiledHlo, is_resource_exhausted, optimized_hlo_of_oom
+from workbench.cost.hlo import torus_axes_of_group
 from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import WorkbenchError
 from workbench.hardware import spec as hardware
@@ -439,22 +440,18 @@ def xla_estimate(compiled) -> tuple[float | None, str | None]:
 
 
 def torus_axes_of(cost, mesh) -> int:
-    """Torus dimensions spanned by the heaviest collective's groups (TPU device coords); 1 when unknown."""
+    """Torus dimensions spanned by the heaviest collective's groups (TPU device coords); 1 when unknown. Each
+    collective is priced at its own groups' count (CollectiveOp.torus_axes); this one figure is the report's
+    summary and the fallback for a collective whose groups were not kept."""
     colls = [c for c in cost.collectives if c.groups]
     if not colls:
         return 1
     heavy = max(colls, key=lambda c: c.payload_bytes * c.count)
-    flat = list(mesh.devices.flat)
-    try:
-        coords = [tuple(flat[i].coords) for i in heavy.groups[0]]
-    except Exception:  # noqa: BLE001 - ids that are not positions, or devices without coords
-        return 1
-    return max(1, sum(1 for dim in zip(*coords) if len(set(dim)) > 1))
+    return max(1, torus_axes_of_group(heavy.groups[0], mesh))
 
 
 def model_flops(cfg, mode: str, batch: int, seq: int) -> tuple[float, str]:
     """Model FLOPs of one step (the convention of models/analytics.py) and how they were counted."""
-
     a = analytics(cfg, seq)
     if mode == "train":
         return a["train_flops_per_token"] * batch * seq, (
@@ -831,7 +828,6 @@ def predict(spec: PredictSpec | Resolved, *, store: bool = True, compile_anyway:
 
 def record(tp: TargetPrediction, spec: PredictSpec | dict, kind: str = "predict", extra: dict | None = None) -> dict:
     """Append the prediction to the results store (spec + CostReport + Prediction + the fit/floor/MFU fields)."""
-
     s = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
     rec = make_record(kind, s, cost=tp.cost, prediction=tp.prediction, measurement=None,
                       extra={**tp.to_record(), **(extra or {})})

@@ -198,7 +198,7 @@ def _communication(cost: CostReport, spec: HardwareSpec, simulated_mesh: bool, m
     ic = host.host_interconnect(spec, spec.hbm_bw) if simulated_mesh else spec.interconnect
     comm_by_kind: dict[str, float] = {}
     for c in cost.collectives:
-        t = collective_time(c.kind, c.payload_bytes, c.group_size, ic, torus_axes=torus_axes,
+        t = collective_time(c.kind, c.payload_bytes, c.group_size, ic, torus_axes=c.torus_axes or torus_axes,
                             operands=c.operands, bidirectional=c.bidirectional) * c.count * mult
         comm_by_kind[c.kind] = comm_by_kind.get(c.kind, 0.0) + t
     return comm_by_kind
