@@ -64,15 +64,32 @@ def _acc32(eq, a, b):
     return jnp.einsum(eq, a, b, preferred_element_type=F32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _einsum_f32(eq, compute_dtype, x, w):
-    return _acc32(eq, x.astype(compute_dtype), w.astype(compute_dtype))
+def _rounded_on_device(eq, a, b):
+    """einsum(eq, a, b) accumulated in float32 and, lowered for a TPU or GPU, returned in the operands' dtype (the
+    matrix unit's own rounding; float32 on XLA:CPU, where a float32 result is the fast form). Shown to the
+    partitioner as the dot's result, the rounding decides what a contraction split over devices reduces: libtpu
+    and XLA:GPU reduce the partial sums in the dot's result dtype, so a bf16 result halves a tensor-parallel
+    reduce-scatter, as in the programs MaxText compiles (its dots return bf16)."""
+    if a.dtype == F32 and b.dtype == F32:
+        return _acc32(eq, a, b)
+    return jax.lax.platform_dependent(
+        a, b, cpu=functools.partial(_acc32, eq),
+        default=lambda a, b: jnp.einsum(eq, a, b, preferred_element_type=a.dtype).astype(F32))
 
 
-def _einsum_f32_fwd(eq, compute_dtype, x, w):
+def _product(eq, a, b, rounded: bool):
+    return _rounded_on_device(eq, a, b) if rounded else _acc32(eq, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _einsum_f32(eq, compute_dtype, rounded, x, w):
+    return _product(eq, x.astype(compute_dtype), w.astype(compute_dtype), rounded)
+
+
+def _einsum_f32_fwd(eq, compute_dtype, rounded, x, w):
     xc, wc = x.astype(compute_dtype), w.astype(compute_dtype)
     # residuals in the compute dtype (what the backward products read); zero-size protos carry the primal dtypes
-    return _acc32(eq, xc, wc), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+    return _product(eq, xc, wc, rounded), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
 def _weight_grad(eq_dw: str, xc, gc):
@@ -112,11 +129,14 @@ def _match_vma(ct, primal):
     return jax.lax.psum(ct, extra) if extra else ct
 
 
-def _einsum_f32_bwd(eq, compute_dtype, res, g):
+def _einsum_f32_bwd(eq, compute_dtype, rounded, res, g):
     xc, wc, x_proto, w_proto = res
     eq_dx, eq_dw = transposed_equations(eq)
     gc = g.astype(compute_dtype)  # the cotangent as a dot operand: the compute dtype, like the forward operands
-    dx = _match_vma(_acc32(eq_dx, gc, wc), xc)
+    # d/dx rounded on a device as JAX's own derivative of the compute-dtype cast would be (the bf16 cotangent of
+    # the bf16 operand): a tensor-parallel layer's input gradient is then summed over the model axis in bf16, as
+    # in MaxText's programs. d/dw reaches the float32 master weight in float32.
+    dx = _match_vma(_product(eq_dx, gc, wc, rounded), xc)
     dw = _match_vma(_weight_grad(eq_dw, xc, gc), wc)
     return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype)
 
@@ -124,8 +144,13 @@ def _einsum_f32_bwd(eq, compute_dtype, res, g):
 _einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
-def einsum_f32(eq: str, x, w, compute_dtype=F32):
+def einsum_f32(eq: str, x, w, compute_dtype=F32, rounded: bool = False):
     """einsum(eq, x, w) with both operands cast to `compute_dtype`, accumulated in float32, returned in float32.
+
+    rounded: the caller rounds the result to the compute dtype on a TPU or GPU anyway (finish_dot), so the dot
+    itself returns the compute dtype there (_rounded_on_device: the same bits, and what the partitioner reduces
+    across a split contraction is then compute-dtype partial sums); d/dx too, as the derivative of the cast to the
+    compute dtype would give it. On a CPU nothing changes.
 
     Differentiable: for a compute dtype narrower than float32 both backward products (d/dx, d/dw) also take
     compute-dtype operands and accumulate and return float32, cast once to the dtype of x and w respectively. A
@@ -138,7 +163,7 @@ def einsum_f32(eq: str, x, w, compute_dtype=F32):
         if np.dtype(compute_dtype) == np.float32:
             return _acc32(eq, x.astype(F32), w.astype(F32))
         raise
-    return _einsum_f32(eq, compute_dtype, x, w)
+    return _einsum_f32(eq, compute_dtype, rounded, x, w)
 
 
 def _ragged_dw_dims():
@@ -221,8 +246,9 @@ class Einsum(nnx.Module):
         self.out_dtype = compute_dtype if out_dtype is None else out_dtype
 
     def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
-        return finish_dot(einsum_f32(eq, x, w, self.compute_dtype), self.out_dtype if out_dtype is None else out_dtype,
-                          bias, epilogue, self.compute_dtype)
+        # finish_dot rounds the accumulator to the compute dtype on a TPU or GPU: the dot may return it there
+        return finish_dot(einsum_f32(eq, x, w, self.compute_dtype, rounded=True),
+                          self.out_dtype if out_dtype is None else out_dtype, bias, epilogue, self.compute_dtype)
 
 
 @dataclasses.dataclass(frozen=True)

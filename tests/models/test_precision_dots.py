@@ -182,6 +182,31 @@ def _train_step_dots(preset, overrides=None, policy="bf16"):
     return parse_dots(text)
 
 
+def test_accelerators_take_the_dot_in_the_compute_dtype():
+    """Lowered for a TPU or GPU the Einsum's dot returns the compute dtype (the matrix unit's rounding, the same bits
+    finish_dot would round to), and so does d/dx (as JAX's derivative of the cast to bf16 would): what a split
+    contraction reduces across devices is then bf16 partial sums, as in MaxText's programs. d/dw stays float32 (the
+    float32 master weight's gradient). On a CPU every product returns float32."""
+    e = Einsum(jnp.bfloat16)
+    x, w = jnp.ones((4, 8, 16), jnp.bfloat16), jnp.ones((16, 32), jnp.float32)
+    # the loss's value too: a gradient alone needs no forward product (it would be dropped)
+    grad = jax.value_and_grad(lambda x, w: e("btd,df->btf", x, w).astype(jnp.float32).sum(), (0, 1))
+
+    def dot_results(platform):
+        text = jax.jit(grad).trace(x, w).lower(lowering_platforms=(platform,)).as_text()
+        return sorted(ln.rsplit("x", 1)[-1].rstrip(">") for ln in text.splitlines() if "stablehlo.dot_general" in ln)
+
+    assert dot_results("cpu") == ["f32", "f32", "f32"]
+    assert dot_results("tpu") == ["bf16", "bf16", "f32"]
+    assert dot_results("cuda") == ["bf16", "bf16", "f32"]
+    # x in float32 (a norm's float32 output): rounded the same, returned to x in float32
+    x32 = x.astype(jnp.float32)
+    text = jax.jit(grad).trace(x32, w).lower(lowering_platforms=("tpu",)).as_text()
+    assert sorted(ln.rsplit("x", 1)[-1].rstrip(">") for ln in text.splitlines()
+                  if "stablehlo.dot_general" in ln) == ["bf16", "bf16", "f32"]
+    assert jax.jit(grad)(x32, w)[1][0].dtype == jnp.float32
+
+
 @pytest.mark.compile_heavy
 @pytest.mark.parametrize("policy", ["bf16", "bf16-f32act"])
 def test_bf16_training_step_has_no_bf16_result_dot(policy):
