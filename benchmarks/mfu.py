@@ -47,7 +47,6 @@ def steps_for(batch: int, steps: int) -> int:
 
 def worker(devices: int, preset: str, steps: int, batches: list[int], precision: str | None, cases=None,
            overrides: str | None = None) -> list[dict]:
-
     request_devices(devices)
 
     store = Store()

@@ -115,7 +115,6 @@ def quick_cases() -> list[Case]:
 
 # ------------------------------------------------------------------------------------------------- one case
 def run_case(case: Case, *, steps: int, batch: int, seq: int, predict: bool, layer: bool, seed: int) -> dict:
-
     cfg = get_config("tiny", case.overrides())
     mesh = make_mesh(case.mesh)
     row: dict = {"case": case.name, **dataclasses.asdict(case), "strategy": case.strategy, "mesh": case.mesh,
@@ -266,7 +265,6 @@ def write_figure(rows: list[dict], out: str) -> str:
 
 
 def _store():
-
     return Store()
 
 

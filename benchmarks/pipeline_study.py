@@ -219,7 +219,6 @@ def run(ps, vs, ms, batch, seq, overrides, rounds, microbatch_size=None) -> list
 
 
 def report(rows: list[dict], out: str) -> None:
-
     cols = ["stages", "repeats", "microbatches", "batch", "ticks", "bubble_analytic", "bubble_flops",
             "bubble_measured_ticks", "ticks_vs_analytic", "bubble_measured", "measured_vs_analytic", "pipelined_s",
             "steady_s", "reference_s", "temp_bytes", "predicted_held_bytes", "temp_over_predicted"]

@@ -24,7 +24,6 @@ TINY = {"shapes": [(32, 64, 32)], "outlier_scales": [100.0], "steps": 2}
 
 
 def run(tiny: bool = False, out_dir: str = "reports/precision", seed: int = 0, record: bool = True) -> list[dict]:
-
     cfg = TINY if tiny else FULL
     policies = [p for p in POLICY_ORDER if p in available()]
     jobs = []

@@ -153,7 +153,6 @@ def target_dtype(spec, policy_peak_dtype: str) -> tuple[str, str | None]:
 # ------------------------------------------------------------------------------------------------ the study
 def run(presets=("tiny", "small", "gpt2-small", "llama3-8b"), targets=None, host_presets=("tiny", "small"),
         policies=None, host_steps: int = 10, out_dir: str = "reports/precision", record: bool = True) -> list[dict]:
-
     targets = targets or TARGETS
     policies = policies or [p for p in POLICY_ORDER if p in available()]
     store = results.Store() if record else None

@@ -218,7 +218,6 @@ def in_sample(builder: str, sizes: dict, dtype: str, cal: dict) -> bool:
 
 
 def run_ops(ops, cal: dict, repeats: int, save=None) -> list[dict]:
-
     rows = []
     host = get_spec("host")
     for name, builder, sizes, dtype in ops:

@@ -43,7 +43,6 @@ def _log(msg: str) -> None:
 
 def validate(run) -> dict:
     """Compile one published run for its target and compare."""
-
     spec = run.spec()
     row = {"name": run.name, "chip": run.chip, "target": run.row["target"], "slice": run.row["target"],
            "framework": run.row["framework"],
@@ -98,6 +97,44 @@ def validate_on_worker(run, n_sim: int | None) -> dict:
     return validate(run)
 
 
+def _compiled_as(r: dict) -> str:
+    mesh = r.get("mesh") or ""
+    parts = [f"{r.get('strategy')} {mesh}".strip(), str(r.get("remat"))]
+    if r.get("shard_activations"):
+        parts.append("sharded activations")
+    if r.get("policy") and r.get("policy") != "bf16":
+        parts.append(str(r["policy"]))
+    return ", ".join(parts)
+
+
+def _result_cell(r: dict) -> str:
+    if r.get("step_error") is None:
+        why = " ".join(str(r.get("reason") or "not compared").split())
+        return f"does not fit: {why[:160]}" if r.get("compiled") or "fit" in why else why[:160]
+    terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm") if r.get(k + "_s"))
+    return f"{r['predicted_step_s']:.3g} s ({r.get('bound')}-bound; {terms})"
+
+
+def markdown_table(rows: list[dict], summary: dict) -> str:
+    """The validation as one Markdown table: each run as compiled, its predicted and published step, the error."""
+    lines = ["| run | target | compiled here as | predicted step | published step | step error | "
+             "MFU predicted / published |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        err = f"{r['step_error']:+.1%}" if r.get("step_error") is not None else "—"
+        pm = f"{r['predicted_mfu']:.1%}" if r.get("predicted_mfu") and r.get("step_error") is not None else "—"
+        bm = f"{r['published_mfu']:.1%}" if r.get("published_mfu") else "—"
+        pub = f"{r['published_step_s']:.3g} s" if r.get("published_step_s") else "—"
+        lines.append(f"| {r['name']} | {r['target']} | {_compiled_as(r)} | {_result_cell(r)} | {pub} | {err} | "
+                     f"{pm} / {bm} |")
+    lines.append("")
+    med = summary.get("median_error")
+    by_chip = ", ".join(f"{c} {v:.1%} over {summary['n_by_chip'][c]}"
+                        for c, v in sorted((summary.get("median_error_by_chip") or {}).items()))
+    lines.append(f"Median |step error| over the {summary.get('n_compared')} runs that fit: "
+                 f"{'—' if med is None else f'{med:.1%}'}" + (f" ({by_chip})." if by_chip else "."))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma list of run names (see benchmarks/data/published_runs.csv)")
@@ -106,8 +143,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join("reports", "published_validation.json"))
     ap.add_argument("--workers", type=int, help="compile the rows in N local worker processes")
     ap.add_argument("--ray", help="compile each row as a Ray task: auto, or the cluster head's HOST:6379")
+    ap.add_argument("--markdown", action="store_true",
+                    help="the results as a Markdown table on stdout (the one docs/accuracy-tpu.md shows)")
     args = ap.parse_args(argv)
-
 
     try:
         runs = load_runs(args.table)
@@ -162,6 +200,8 @@ def main(argv=None) -> int:
         json.dump(out, f, indent=1, default=str)
     if args.json:
         print(json.dumps(out, indent=1, default=str))
+    elif args.markdown:
+        print(markdown_table(rows, summary))
     else:
         for r in rows:
             err = f"{r['step_error']:+.1%}" if r.get("step_error") is not None else "—"

@@ -190,7 +190,6 @@ def host_part(store) -> dict:
 def _setup_devices(rows: list[dict]) -> None:
     """The devices the rows compile for, before JAX starts: simulated CPU devices for the largest GPU row that cannot
     compile through XLA:GPU, else the default platform."""
-
     targets = [parse_target(r["target"]) for r in rows]
     sim = [t.n_chips for t in targets if gpu_compiler_for(t, "auto") == "cpu-sim"]
     request_devices(max(sim)) if sim else default_platform()

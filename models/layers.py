@@ -147,7 +147,6 @@ class Attention(nnx.Module):
         """Row blocks for causal self-attention over t positions: 2, 4 or 8 blocks of at least 128 queries; 1 (no
         split) below 256 positions, for quantizing policies (their score/mix modules keep one scale per call) and
         when the sequence axis is sharded (sp: slicing a sharded axis would move data between devices)."""
-
         if type(self.score_dot) is not Einsum or is_sharded("seq", t):
             return 1
         for nb in (8, 4, 2):

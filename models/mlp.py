@@ -40,7 +40,6 @@ class MLPModel(nnx.Module):
 
     def __init__(self, d_model: int = 128, d_ff: int = 512, n_layers: int = 2, policy=None,
                  rngs: nnx.Rngs | None = None):
-
         policy = get_policy("float32") if policy is None else get_policy(policy)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.blocks = nnx.List([MLPBlock(d_model, d_ff, n_layers, policy, rngs) for _ in range(n_layers)])

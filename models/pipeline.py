@@ -187,7 +187,6 @@ def carry_dtype(mesh, residual_dtype):
 def _apply_chunk(layer_fn, chunk_state, x, pos, residual_dtype, cd):
     """One stage's chunk of layers (a lax.scan over the chunk's stacked layer states) on one microbatch; each layer's
     output rounded to residual_dtype as in the model's own layer loop; the result in the carry dtype cd."""
-
     def one(x, layer_state):
         y, _ = layer_fn(layer_state, x, pos)
         return y.astype(residual_dtype), None

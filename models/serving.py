@@ -369,7 +369,6 @@ def _pick(logits, key, temperature: float):
 
 def speculative_steps(target: Steps, draft: Steps, k: int, temperature: float = 0.0) -> dict:
     """The jitted functions of one speculative round (caches donated)."""
-
     def prefill(steps):
         def fn(params, rest, tokens_bt, lengths_b, cache, key):
             logits, cache = steps.prefill(params, rest, tokens_bt, lengths_b, cache)

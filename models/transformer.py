@@ -37,7 +37,6 @@ def combine_aux(auxes: list[dict]) -> dict:
 
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, policy=None, rngs: nnx.Rngs | None = None):
-
         policy = get_policy("float32") if policy is None else get_policy(policy)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.cfg, self.policy_name = cfg, policy.name

@@ -375,7 +375,6 @@ def xla_gpu_devices(target: "Target | str") -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _xla_gpu_devices(target: "Target") -> tuple:
-
     default_platform()
     try:
         topo = compat.get_topology_desc(platform="cuda", target_config=gpu_target_config(target.family),

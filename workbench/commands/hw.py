@@ -18,7 +18,6 @@ def register(app: typer.Typer) -> None:
     @hw.command("list")
     def hw_list(json_out: bool = typer.Option(False, "--json")):
         """All chips with their headline figures (host: from the cached calibration, if any)."""
-
         default_platform()
         rows = []
         for spec in catalogue().values():
@@ -43,7 +42,6 @@ def register(app: typer.Typer) -> None:
     @hw.command("show")
     def hw_show(name: str, json_out: bool = typer.Option(False, "--json")):
         """One chip, every figure with its source and the date it was read."""
-
         default_platform()
         spec = get_spec(name)
         d = spec.to_dict()

@@ -29,7 +29,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Parameters, FLOPs per token, KV-cache bytes and training-memory estimates of a model config."""
-
         if seq is not None:
             positive_int("--seq", seq)
         cfg = get_config(preset, overrides)

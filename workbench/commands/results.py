@@ -19,7 +19,6 @@ def register(app: typer.Typer) -> None:
                  last: int = typer.Option(20, help="show the last N"),
                  json_out: bool = typer.Option(False, "--json")):
         """The latest records, one line each."""
-
         recs = Store().records(kind)[-last:]
         rows = [{"id": r["id"], "kind": r["kind"], "time": r["provenance"]["time"],
                  "spec": ", ".join(f"{k}={v}" for k, v in r["spec"].items() if k != "description")[:70],
@@ -30,7 +29,6 @@ def register(app: typer.Typer) -> None:
     @res.command("show")
     def show_cmd(record_id: str):
         """One record, whole, as JSON."""
-
         for r in Store().records():
             if r["id"].startswith(record_id):
                 emit_json(r)
@@ -67,5 +65,4 @@ def register(app: typer.Typer) -> None:
     @res.command("path")
     def path_cmd():
         """Where records are written ($WORKBENCH_RESULTS, default ./results)."""
-
         print(Store().path)

@@ -204,7 +204,6 @@ def catalogue() -> dict[str, HardwareSpec]:
 
 @functools.lru_cache(maxsize=1)
 def _catalogue() -> dict[str, HardwareSpec]:
-
     return {n: _from_catalogue(n, c) for n, c in CHIPS.items()}
 
 

@@ -338,7 +338,6 @@ def matmul_ceilings(n: int, reps: int, dev, feat: dict, *, quiet: bool = False) 
     (that form), 'forms' {result dtype: figures, or {'error': ...} where XLA cannot compile it}}, findings: one line
     per dtype naming the slow form and how much slower it ran, and where a narrow dtype's ceiling falls below
     float32's)."""
-
     isa = bf16_isa(feat.get("flags", ()))
     mm: dict[str, Any] = {}
     findings: list[str] = []

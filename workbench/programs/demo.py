@@ -37,7 +37,6 @@ TINY_SUITE = [("matmul", {"m": 128, "n": 128, "k": 128}), ("elementwise", {"n": 
 def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, store=None,
               kind: str = "roofline-op", progress: bool = True, also_predict=()) -> list[dict]:
     """Run ops through the spine; return summary rows (one record each in the store)."""
-
     rows = []
     items = bar(suite, total=len(suite), desc="ops") if progress else suite
     for name, sizes in items:
@@ -54,7 +53,6 @@ def run_suite(suite, *, dtype: str = "float32", target=None, repeats: int = 10, 
 
 
 def run_demo(out_dir: str | None = None, tiny: bool = False) -> dict:
-
     spec = local_spec()
     rows = run_suite(TINY_SUITE if tiny else SUITE, repeats=5 if tiny else 10)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -26,7 +26,6 @@ def run_program(fn: Callable, args: tuple, *, kind: str, spec: dict, target=None
     calibrated host or the accelerator's catalogue chip: workbench.measure.device.local_spec);
     when run=True and the devices are local (the host, or a GPU/TPU host running this), measure on random inputs;
     predictions for `also_predict` specs go into extra; append the record to the store and return it."""
-
     arg_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in args)
 
     local = target is None or target == "host" or isinstance(target, HardwareSpec)

@@ -117,14 +117,12 @@ def _target_devices(target: str | None):
 
 
 def _sharded(args, sharding):
-
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
 
 
 def function_program(fn: Callable, *args, name: str = "function", target: str | None = None,
                      description: str = "") -> Program:
     """A user function (plain, not jitted) on abstract args; on a target it is compiled for one of its chips."""
-
     tname, platform, devices = _target_devices(target)
     if tname != "host":
         args = _sharded(args, jax.sharding.SingleDeviceSharding(devices[0]))
@@ -134,7 +132,6 @@ def function_program(fn: Callable, *args, name: str = "function", target: str | 
 
 def op_program(op: str, dtype: str = "float32", target: str | None = None, **sizes) -> Program:
     """A built-in op (workbench.programs.ops: matmul, elementwise, softmax, layernorm, attention) with its size options."""
-
     o = build(op, dtype, **sizes)
     p = function_program(o.fn, *o.args, name=op, target=target, description=o.description)
     return dataclasses.replace(p, compute_dtype=o.dtype, spec={"program": "op", "op": op, "sizes": o.sizes,
@@ -150,8 +147,6 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
     (`layer`: x + attn(norm(x)), then x + mlp(norm(x)), on a (batch, seq, d_model) float32 residual stream), or one
     half of it (`mlp`: x + mlp(norm(x)); `attention`: x + attn(norm(x))), data parallel over the target's chips (the
     host: one device)."""
-
-
     if program not in MODEL_PROGRAMS:
         raise WorkbenchError(f"--program {program!r}: choose one of {', '.join(MODEL_PROGRAMS)}")
     cfg = get_config(preset, overrides)
@@ -206,7 +201,6 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
 
 
 def precision_dtype(policy: str) -> str:
-
     return dtype_name(get_policy(policy).compute_dtype)
 
 
@@ -273,7 +267,6 @@ def with_barriers(fn: Callable, args: tuple, after: tuple[str, ...] | Callable) 
     their equations count too; other higher-order primitives (scan, cond, remat) are kept whole.
 
     Returns (the rewritten function, how many barriers it inserts, the primitive names the program has)."""
-
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     pred = after if callable(after) else (lambda i, e: e.primitive.name in after)
     seen: set[str] = set()
@@ -339,7 +332,6 @@ class PassEffect:
 
 def _shape_of_hlo(text: str) -> tuple[int, int, int]:
     """(kernels, ops inside fusions, optimization barriers) of one HLO module text."""
-
     mod = parse_module(text)
     ks = parse_kernels(text, mod)
     fused = sum(sum(c for _, c in k.ops) for k in ks if k.kind.startswith("k"))
@@ -592,7 +584,6 @@ def diff(base: VariantResult, base_src: dict, other: VariantResult, other_src: d
 
 # ------------------------------------------------------------------------------------------------------ explore
 def _hw(prog: Program):
-
     if prog.local:
         return get_spec("host")
 
@@ -607,7 +598,6 @@ def _xla_error(e: Exception) -> str:
 
 
 def _compile(prog: Program, fn, options: dict, dump_dir: str | None = None, analytic: bool = False):
-
     opts = dict(options)
     if dump_dir:
         opts.update(xla_dump_to=dump_dir, xla_dump_hlo_pass_re=".*")
@@ -632,14 +622,11 @@ def _compile(prog: Program, fn, options: dict, dump_dir: str | None = None, anal
 
 
 def _inputs(prog: Program):
-
     return prog.make_inputs() if prog.make_inputs else random_inputs(prog.args)
 
 
 def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps: int, ceiling: float | None):
     """(Measurement, profile_kernels rows by name) of one compiled variant on the host."""
-
-
     inputs = _inputs(prog)
     if prog.stateful:
         box = [inputs[0]]
@@ -664,7 +651,6 @@ def _measure(prog: Program, compiled, hlo_text: str, repeats: int, profile_steps
 def _variant(prog: Program, v: Variant, comp, hw, *, measure_it: bool, repeats: int, profile_steps: int,
              barriers: int = 0, notes=(), store=None):
     """A compiled variant read, priced per kernel, measured (host) and recorded."""
-
     cost = comp.cost
     pred = predict(cost, hw, dtype=prog.compute_dtype or cost.compute_dtype, simulated_mesh=False)
     meas, prof = (None, {})
@@ -858,7 +844,6 @@ def _read_variants(prog: Program, default_comp, compiled: list, hw, *, measure_i
 
 
 def _compiler_name(platform: str) -> str:
-
     pkg = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}.get(platform, "jaxlib")
     try:
         v = version(pkg)
@@ -871,8 +856,6 @@ def _compare_host(prog: Program, tgt: VariantResult, tgt_src: dict) -> dict:
     """The same program compiled by XLA:CPU for one host device: which kernels each compiler makes that the other
     splits (matched by source ops), kinds side by side. The host program is the whole batch, the target's is per
     chip, so bytes differ by the split; the kernel structure is what compares."""
-
-
     s = prog.spec
     try:
         if s.get("program") in MODEL_PROGRAMS:
@@ -928,8 +911,6 @@ def cpu_pass_pipeline() -> list[str]:
     """Every pass XLA:CPU's pipeline runs (a pass that changes nothing leaves no dump, so this asks the compiler's
     own log: a small program is compiled once in a child process with TF_CPP_VMODULE=hlo_pass_pipeline=1 and the
     'HLO pass NAME' lines are read). Cached per jaxlib version; [] when the log gives nothing."""
-
-
     path = os.path.join(cache_dir(), f"xla-cpu-passes-jaxlib-{version('jaxlib')}.json")
     try:
         with open(path) as f:

@@ -34,7 +34,6 @@ from workbench.roofline.prediction import predict
 
 def synthetic_logits(tokens: int, experts: int, skew: float, seed: int):
     """(T, E) float32 logits: unit Gaussian noise minus skew·ln(e+1) (Zipf-like popularity of the experts)."""
-
     noise = jax.random.normal(jax.random.key(seed), (tokens, experts), jnp.float32)
     return noise - skew * jnp.log1p(jnp.arange(experts, dtype=jnp.float32))[None, :]
 
@@ -43,8 +42,6 @@ def route_stats(tokens: int, experts: int, top_k: int, capacity_factor: float | 
                 score: str = "softmax", skew: float = 0.0, seed: int = 0, ep: int = 1) -> dict:
     """Route synthetic logits and return the statistics (a dict of plain numbers). Tokens are split into `ep` routing
     groups, one per expert-parallel device, each with its own capacity, exactly as models.moe.ep_forward routes."""
-
-
     moe.check_routing_args(experts, top_k, capacity_factor, router, score, ep)
     if tokens % ep:
         raise WorkbenchError(f"--tokens {tokens} is not divisible by --ep {ep} (one routing group per device)")
@@ -97,7 +94,6 @@ def _expert_mats(mlp: str) -> int:
 def _layer_program(cfg: ModelConfig, policy, mesh, rules, x_sh, shape: tuple[int, int, int], seed: int,
                    backward: bool, skip: bool):
     """(make, jitted fn, abstract args, state shardings) of one MoE block; skip: experts replaced by the identity."""
-
     def make():
         blk = moe.MoEBlock(cfg, policy, rngs=nnx.Rngs(seed))
         if skip:

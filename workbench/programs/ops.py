@@ -52,7 +52,6 @@ def matmul(m: int, n: int, k: int, dtype):
 
 def elementwise(n: int, dtype, depth: int = 4):
     """A chain of `depth` multiply-adds fused into one pass: 2·depth flops per element, memory-bound."""
-
     def f(x):
         y = x
         for i in range(depth):

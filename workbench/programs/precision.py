@@ -28,8 +28,6 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, step: int = 0, out
     is what the outliers' effect on the shared scales costs every other channel. `step` draws a fresh x from the same
     distribution (w is fixed), for recipes with state (delayed scaling).
     """
-
-
     if kind not in INPUTS:
         raise WorkbenchError(f"unknown input kind {kind!r}; choose one of {', '.join(INPUTS)}")
     rw = np.random.default_rng([seed, 0])
@@ -48,8 +46,6 @@ def matmul_error(policy_name: str, kind: str = "normal", m: int = 256, k: int = 
                  steps: int = 3, outlier_scale: float = 100.0, outlier_channels: int = 4, **policy_options) -> dict:
     """Relative error of `policy`'s einsum 'mk,kn->mn' against float64, on the last of `steps` calls (stateful
     recipes see `steps - 1` earlier draws from the same distribution first). rel_error = ||y - y64||_F / ||y64||_F."""
-
-
     for nm, v in (("m", m), ("k", k), ("n", n), ("steps", steps)):
         positive_int(nm, v)
     policy = get_policy(policy_name, **policy_options)
@@ -89,7 +85,6 @@ def error_table(policies: list[str], kinds: list[str], m, k, n, seed, steps, pro
 
 
 def policies(arg: Optional[str]) -> list[str]:
-
     if not arg:
         have = set(available())
         return [p for p in POLICY_ORDER if p in have] + sorted(have - set(POLICY_ORDER))
@@ -101,7 +96,6 @@ def policies(arg: Optional[str]) -> list[str]:
 
 def record_rows(rows: list[dict]) -> None:
     """Append study-a rows as records (kind 'precision_error')."""
-
     store = results.Store()
     for r in rows:
         spec = {k: r[k] for k in ("policy", "inputs", "shape_mkn", "seed")}

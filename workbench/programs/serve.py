@@ -73,7 +73,6 @@ class ServeSpec:
 
 
 def validate(spec: ServeSpec) -> None:
-
     if not spec.batches or any(b < 1 for b in spec.batches):
         raise WorkbenchError(f"--batch takes positive sizes (e.g. 1,8,64); got {','.join(map(str, spec.batches))}")
     if spec.prompt_len < 1 or spec.gen_len < 1:
@@ -106,7 +105,6 @@ def serve(spec: ServeSpec, say: Callable[[str], None] = SAY) -> dict:
 
 
 def _host_config(spec: ServeSpec, preset: str, extra: int = 0):
-
     cfg = get_config(preset, spec.overrides if preset == spec.preset else None)
     need = spec.max_len + extra
     if need > cfg.seq_len:
@@ -119,7 +117,6 @@ def _host_config(spec: ServeSpec, preset: str, extra: int = 0):
 
 def _prompts(batch: int, length: int, seed: int, vocab: int) -> np.ndarray:
     """Prompts from the standard-library corpus (byte-level), or random tokens for a model of another vocabulary."""
-
     if vocab == 256:
         return get_batch(load_corpus().val, batch, length, seed, 0)["inputs"]
     return np.random.default_rng(seed).integers(0, vocab, size=(batch, length), dtype=np.int32)
@@ -218,7 +215,6 @@ def _host_batch(steps, spec: ServeSpec, hw, batch: int, store) -> tuple[dict, di
 
 
 def serve_host(spec: ServeSpec, say) -> dict:
-
     global SAY
     SAY = say
     steps = _steps(spec, spec.preset)
@@ -247,7 +243,6 @@ def serve_host(spec: ServeSpec, say) -> dict:
 
 
 def _target_phase(spec: ServeSpec, batch: int, mode: str):
-
     seq = spec.prompt_len if mode == "prefill" else spec.max_len
     ps = wp.PredictSpec(spec.preset, spec.target, spec.strategy, mesh=spec.mesh, batch=batch, seq=seq, mode=mode,
                         policy=spec.policy or "bf16", overrides=spec.overrides, quant=spec.quant,
@@ -379,7 +374,6 @@ def _predicted_speedup(target, draft, b, k, max_len, hw, tokens_per_round) -> di
 
 
 def _requests(spec: ServeSpec, vocab: int):
-
     if spec.requests == "synthetic":
         rng = np.random.default_rng(spec.seed)
         n = 4 * max(spec.batches)
@@ -398,7 +392,6 @@ def _requests(spec: ServeSpec, vocab: int):
 
 def continuous_batching(spec: ServeSpec, steps) -> dict:
     """Serve a stream of requests over max(batches) slots; the schedule and the generated text of the first one."""
-
     reqs = _requests(spec, steps.cfg.vocab_size)
     slots = max(spec.batches)
     SAY(f"serve: continuous batching of {len(reqs)} requests over {slots} slots")

@@ -53,7 +53,6 @@ def make_optimizer(learning_rate: float = 1e-3, total_steps: int = 1000, warmup_
 
 def default_learning_rate(cfg: ModelConfig) -> float:
     """3e-3 for models under ~1M parameters, 1e-3 up to ~100M, 3e-4 above (the usual nanoGPT-scale choices)."""
-
     n = analytics(cfg)["params_total"]
     return 3e-3 if n < 1e6 else (1e-3 if n < 1e8 else 3e-4)
 

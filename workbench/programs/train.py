@@ -162,7 +162,6 @@ class TrainResult:
 
 def _ceiling(n_devices: int, dtype: str, hardware: str | None):
     """(spec, FLOP/s ceiling for the whole mesh, note). Simulated CPU devices share the host: the host ceiling."""
-
     if hardware is None:
         return None, None, "no hardware ceiling requested"
     if hardware == "auto":

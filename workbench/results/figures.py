@@ -78,7 +78,6 @@ def roofline_chart(points: list[dict], spec, path: str, title: str = "", dtype: 
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         out.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
