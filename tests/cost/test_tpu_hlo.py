@@ -235,3 +235,75 @@ def test_dot_passes_from_operand_dtypes_and_precision():
     de = hlo.Instr("d", "f32[16,2048]", "convolution", ["a", "b"], ", dim_labels=bf_io->bf", False)
     assert pricing.dot_passes(hi, shapes) == 6 and pricing.dot_passes(de, shapes) == 1
     assert pricing.dot_forms(TPU_HLO)["mean_passes"] == 1.0
+
+
+CARRIED_HLO = """HloModule c, is_scheduled=true
+
+%ag_start (param_0.1: bf16[128,2048]) -> (bf16[128,2048], bf16[512,2048], u32[]) {
+  %param_0.1 = bf16[128,2048]{1,0} parameter(0)
+  %all-gather.1 = bf16[512,2048]{1,0} all-gather(%param_0.1), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  ROOT %custom-call.1 = (bf16[128,2048]{1,0}, bf16[512,2048]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%ag_done (param_0.3: bf16[128,2048], param_1.3: bf16[512,2048]) -> bf16[512,2048] {
+  %param_0.3 = bf16[128,2048]{1,0} parameter(0)
+  %param_1.3 = bf16[512,2048]{1,0} parameter(1)
+  %all-gather.3 = bf16[512,2048]{1,0} all-gather(%param_0.3), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  ROOT %custom-call.3 = bf16[512,2048]{1,0} custom-call(%param_0.3, %param_1.3, %all-gather.3), custom_call_target="AsyncCollectiveDone"
+}
+
+%carry (p0: bf16[128,2048], p1: bf16[512,2048], x: bf16[16,512], w: bf16[512,64]) -> (f32[16,64], bf16[512,2048], bf16[512,2048]) {
+  %p0 = bf16[128,2048]{1,0} parameter(0)
+  %p1 = bf16[512,2048]{1,0} parameter(1)
+  %x = bf16[16,512]{1,0} parameter(2)
+  %w = bf16[512,64]{1,0} parameter(3)
+  %all-gather.2 = bf16[512,2048]{1,0} all-gather(%p0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %conv = f32[16,64]{1,0} convolution(%x, %w), dim_labels=bf_io->bf
+  ROOT %t = (f32[16,64]{1,0}, bf16[512,2048]{1,0}, bf16[512,2048]{1,0}) tuple(%conv, %all-gather.2, %p1)
+}
+
+%body (p: (s32[], bf16[128,2048], bf16[512,2048])) -> (s32[], bf16[128,2048], bf16[512,2048]) {
+  %p = (s32[], bf16[128,2048]{1,0}, bf16[512,2048]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %s0 = bf16[128,2048]{1,0} get-tuple-element(%p), index=1
+  %s1 = bf16[512,2048]{1,0} get-tuple-element(%p), index=2
+  %x = bf16[16,512]{1,0} constant({...})
+  %w = bf16[512,64]{1,0} constant({...})
+  %mm = (f32[16,64]{1,0}, bf16[512,2048]{1,0}, bf16[512,2048]{1,0}) fusion(%s0, %s1, %x, %w), kind=kOutput, calls=%carry
+  %g = bf16[512,2048]{1,0} get-tuple-element(%mm), index=1
+  %one = s32[] constant(1)
+  %i1 = s32[] add(%i, %one)
+  ROOT %r = (s32[], bf16[128,2048]{1,0}, bf16[512,2048]{1,0}) tuple(%i1, %s0, %g)
+}
+
+%cond (cp: (s32[], bf16[128,2048], bf16[512,2048])) -> pred[] {
+  %cp = (s32[], bf16[128,2048]{1,0}, bf16[512,2048]{1,0}) parameter(0)
+  %ci = s32[] get-tuple-element(%cp), index=0
+  %c4 = s32[] constant(4)
+  ROOT %lt = pred[] compare(%ci, %c4), direction=LT
+}
+
+ENTRY %main (w0: bf16[128,2048]) -> bf16[512,2048] {
+  %w0 = bf16[128,2048]{1,0} parameter(0)
+  %start = (bf16[128,2048]{1,0}, bf16[512,2048]{1,0}, u32[]) fusion(%w0), kind=kCustom, calls=%ag_start
+  %s0 = bf16[128,2048]{1,0} get-tuple-element(%start), index=0
+  %s1 = bf16[512,2048]{1,0} get-tuple-element(%start), index=1
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[128,2048]{1,0}, bf16[512,2048]{1,0}) tuple(%z, %s0, %s1)
+  %loop = (s32[], bf16[128,2048]{1,0}, bf16[512,2048]{1,0}) while(%init), condition=%cond, body=%body
+  %l2 = bf16[512,2048]{1,0} get-tuple-element(%loop), index=2
+  ROOT %done = bf16[512,2048]{1,0} fusion(%s0, %l2), kind=kCustom, calls=%ag_done
+}
+"""
+
+
+def test_a_collective_carried_through_a_loop_counts_once_and_moves_no_kernel_bytes():
+    """An all-gather started before a loop and continued by a compute fusion in its body (libtpu's windowed
+    einsums): one all-gather, not one per trip, and the fusion's HBM traffic is its own operands and result only
+    (the gathered buffer passes through it, the interconnect writes the gather)."""
+    colls = hlo.parse_collectives(CARRIED_HLO, n_devices=4)
+    assert [(c.kind, c.count, c.payload_bytes) for c in colls] == [("all-gather", 1, 512 * 2048 * 2)]
+    (mm,) = [k for k in hlo.parse_kernels(CARRIED_HLO) if k.name == "mm"]
+    assert mm.count == 4
+    assert mm.bytes_in == 16 * 512 * 2 + 512 * 64 * 2
+    assert mm.bytes_out == 16 * 64 * 4
