@@ -199,39 +199,51 @@ def _axes_of(spec_entry) -> tuple[str, ...]:
 
 
 def splash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
-    """Causal splash attention. Under an activation-sharding context (partitioning/shard.py) the kernel runs per
-    device in shard_map: batch and heads split as the strategy splits them, the sequence whole on every device (a
-    sharded sequence is gathered first); grouped-query key/value heads are repeated to the query heads when the
-    strategy cannot split them like the query heads."""
+    """Causal splash attention, per device under an activation-sharding context (_per_device)."""
     b, t, n, h = q_btnh.shape
-    kh = k_bskh.shape[2]
     if t % SPLASH_LANES or k_bskh.shape[1] != t:
         raise WorkbenchError(f"splash attention needs self-attention over a multiple of {SPLASH_LANES} positions; got "
                              f"{t} queries and {k_bskh.shape[1]} keys: use attention=blocked or dot")
     scale = 1.0 / math.sqrt(h)
     q = jnp.transpose((q_btnh * scale).astype(q_btnh.dtype), (0, 2, 1, 3))  # (b, n, t, h): the kernel's layout
     k, v = jnp.transpose(k_bskh, (0, 2, 1, 3)), jnp.transpose(v_bskh, (0, 2, 1, 3))
+    o = _per_device(functools.partial(_splash_local, interpret=interpret), q, k, v, head_axis=1,
+                    what="splash attention")
+    return jnp.transpose(o, (0, 2, 1, 3))
+
+
+def _per_device(local, q, k, v, *, head_axis: int, what: str):
+    """local(q, k, v) (batch first, heads at `head_axis`, the sequence whole). Under an activation-sharding context
+    (partitioning/shard.py) it runs per device in shard_map: batch and heads split as the strategy splits them, a
+    sharded sequence gathered first; grouped-query key/value heads are repeated to the query heads when the strategy
+    cannot split them like the query heads. A kernel with its own partitioning rule (cuDNN's) then never meets
+    the shardings its rule cannot read (a pipeline stage's)."""
     ctx = current()
     if ctx is None:
-        o = _splash_local(q, k, v, interpret)
-        return jnp.transpose(o, (0, 2, 1, 3))
+        return local(q, k, v)
     mesh, rules = ctx
-    q_spec = spec_for(("batch", "heads"), (b, n), mesh, rules, what="splash attention query")
+    b, n, kh = q.shape[0], q.shape[head_axis], k.shape[head_axis]
+    q_spec = spec_for(("batch", "heads"), (b, n), mesh, rules, what=f"{what} query")
     try:
-        kv_spec = spec_for(("batch", "kv_heads"), (b, kh), mesh, rules, what="splash attention key")
+        kv_spec = spec_for(("batch", "kv_heads"), (b, kh), mesh, rules, what=f"{what} key")
     except WorkbenchError:
         kv_spec = None
     q_spec = tuple(q_spec) + (None,) * (2 - len(q_spec))
     if kv_spec is not None:
         kv_spec = tuple(kv_spec) + (None,) * (2 - len(kv_spec))
     if kv_spec is None or kv_spec[1] != q_spec[1]:  # kv heads split differently from q heads: give each its own
-        k, v = jnp.repeat(k, n // kh, axis=1), jnp.repeat(v, n // kh, axis=1)
+        k, v = jnp.repeat(k, n // kh, axis=head_axis), jnp.repeat(v, n // kh, axis=head_axis)
         kv_spec = q_spec
+
+    def spec(s):
+        dims = [None] * q.ndim
+        dims[0], dims[head_axis] = s
+        return P(*dims)
+
     manual = frozenset(a for e in q_spec for a in _axes_of(e))
-    qs, kvs = P(*q_spec, None, None), P(*kv_spec, None, None)
-    fn = compat.shard_map(functools.partial(_splash_local, interpret=interpret), mesh=mesh, in_specs=(qs, kvs, kvs),
-                          out_specs=qs, axis_names=manual or frozenset(mesh.axis_names), check_vma=False)
-    return jnp.transpose(fn(q, k, v), (0, 2, 1, 3))
+    fn = compat.shard_map(local, mesh=mesh, in_specs=(spec(q_spec), spec(kv_spec), spec(kv_spec)),
+                          out_specs=spec(q_spec), axis_names=manual or frozenset(mesh.axis_names), check_vma=False)
+    return fn(q, k, v)
 
 
 # ---- flash attention (Pallas GPU, Triton) -----------------------------------------------------------------------------
@@ -293,5 +305,6 @@ def fused_attention(impl: str, q_btnh, k_bskh, v_bskh, *, interpret: bool | None
     if impl == "flash":
         return flash_attention(q_btnh, k_bskh, v_bskh, interpret=interpret)
     if impl in ("xla", "cudnn"):
-        return jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, is_causal=True, implementation=impl)
+        local = functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation=impl)
+        return _per_device(local, q_btnh, k_bskh, v_bskh, head_axis=2, what=f"{impl} attention")
     raise WorkbenchError(f"unknown fused attention {impl!r}; one of {', '.join(FUSED)}")

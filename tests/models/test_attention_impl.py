@@ -77,17 +77,19 @@ def test_blocked_attention_over_many_blocks():
     assert fa.blocked_block(4096) == 512 and fa.blocked_block(384) == 128 and fa.blocked_block(100) == 100
 
 
+@pytest.mark.parametrize("impl", ["splash", "xla"])
 @pytest.mark.parametrize("kv", [2, 1])
-def test_splash_in_shard_map_over_batch_and_heads(kv):
-    """Under tp's activation rules on a data=2 x model=2 CPU mesh, splash attention runs per device in shard_map
-    (batch over data, heads over model; one key/value head cannot split over two devices and is repeated) and equals
-    the reference, forward and gradient."""
+def test_fused_attention_in_shard_map_over_batch_and_heads(kv, impl):
+    """Under tp's activation rules on a data=2 x model=2 CPU mesh, splash attention and jax.nn.dot_product_attention
+    (the cuDNN kernel's entry: run per device, its own partitioning rule never meets a pipeline stage's shardings,
+    which it cannot read) run per device in shard_map (batch over data, heads over model; one key/value head cannot
+    split over two devices and is repeated) and equal the reference, forward and gradient."""
     from partitioning.mesh import make_mesh
     from partitioning.shard import activation_sharding
 
     mesh = make_mesh("data=2,model=2", devices=jax.devices()[:4])
     q, k, v = _qkv(kv=kv)
-    f = lambda q, k, v: fa.splash_attention(q, k, v, interpret=True)
+    f = lambda q, k, v: fa.fused_attention(impl, q, k, v, interpret=True)
 
     def sharded(g):
         def run(q, k, v):
