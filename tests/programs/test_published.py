@@ -24,6 +24,16 @@ def test_every_row_is_a_valid_predict_spec(run):
     assert cfg.d_model == int(run.row["d_model"]) and cfg.scan_layers
 
 
+def test_megatron_rows_pad_the_vocabulary_as_megatron_allocates_it():
+    """NeMo (Megatron) pads the vocabulary to a multiple of 128 × the tensor-parallel size; the others keep it."""
+    runs = {r.name: r for r in validation.load_runs()}
+    assert runs["nemo-h100-gpt3-175b"].vocab_size() == 50688  # 50257 at TP 4
+    assert runs["nemo-h100-llama2-70b"].vocab_size() == 32256
+    assert runs["nemo-h100-llama3-8b"].vocab_size() == 128256  # TP 1: already a multiple of 128
+    assert runs["maxtext-v5e-16b"].vocab_size() == 32768
+    assert "vocab_size=50688" in runs["nemo-h100-gpt3-175b"].overrides()
+
+
 def test_published_step_time_from_tflops_tokens_or_stated():
     runs = {r.name: r for r in validation.load_runs()}
     r32 = runs["maxtext-v5e-32b"]

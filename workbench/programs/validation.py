@@ -36,10 +36,21 @@ class PublishedRun:
     def chip(self) -> str:
         return self.row["chip"]
 
+    def vocab_size(self) -> int:
+        """The vocabulary as the framework allocates it: Megatron (NeMo) pads it to a multiple of
+        make_vocab_size_divisible_by (128) × the tensor-parallel size (`_vocab_size_with_padding`: GPT-3's 50257
+        becomes 50688 at TP 4); the others as published."""
+        v = int(self.row["vocab_size"])
+        if self.row["framework"].startswith("NeMo"):
+            tp = next((int(a.split("=")[1]) for a in self.row["mesh"].split(",") if a.startswith("model=")), 1)
+            multiple = 128 * tp
+            v = -(-v // multiple) * multiple
+        return v
+
     def overrides(self) -> str:
         r = self.row
-        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size")
-        kv = [f"{k}={int(r[k])}" for k in keys]
+        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")
+        kv = [f"{k}={int(r[k])}" for k in keys] + [f"vocab_size={self.vocab_size()}"]
         kv += [f"mlp={MLP_HERE[r['mlp']]}", f"tie_embeddings={r['tie_embeddings']}", f"seq_len={int(r['seq'])}",
                "scan_layers=true"]  # MaxText's default scan_layers=True; compile time independent of depth
         return ",".join(kv)
@@ -51,10 +62,12 @@ class PublishedRun:
         r = self.row
         # MaxText splits the activations' embed over its tensor axis (logical rule activation_embed -> tensor)
         shard = r["framework"] == "MaxText" and "model=" in r["mesh"]
+        # Megatron (NeMo) pipelines run 1F1B: a stage holds at most 2p − 1 microbatches' activations, not all of them
+        schedule = "1f1b" if r["framework"].startswith("NeMo") and "stage=" in r["mesh"] else "gpipe"
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
                            batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat"],
                            microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides(),
-                           shard_activations=shard)
+                           shard_activations=shard, pipeline_schedule=schedule)
 
     def published_step(self, model_flops_per_step: float) -> tuple[float | None, str]:
         """The published step time: stated, or from tokens/s per chip, or from model TFLOP/s per chip (the same
