@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -109,8 +110,11 @@ def _compiled_as(r: dict) -> str:
 
 def _result_cell(r: dict) -> str:
     if r.get("step_error") is None:
-        why = " ".join(str(r.get("reason") or "not compared").split())
-        return f"does not fit: {why[:160]}" if r.get("compiled") or "fit" in why else why[:160]
+        why = " ".join(str(r.get("reason") or "not compared").split()).replace("|", "/")
+        oom = re.search(r"HLO temporaries \(([\d.]+G)\) exceeds available HBM \(([\d.]+G)\)", why)
+        if oom:
+            why = f"the TPU compiler needs {oom.group(1)} of temporaries > {oom.group(2)} HBM"
+        return why[:160] if why.startswith(("compile failed", "worker failed")) else f"does not fit: {why[:160]}"
     terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm") if r.get(k + "_s"))
     return f"{r['predicted_step_s']:.3g} s ({r.get('bound')}-bound; {terms})"
 
