@@ -192,12 +192,6 @@ def _splash_local(q_bnth, k_bkth, v_bkth, interpret: bool):
         return jax.vmap(kernel)(q_bnth, k_bkth, v_bkth)
 
 
-def _axes_of(spec_entry) -> tuple[str, ...]:
-    if spec_entry is None:
-        return ()
-    return tuple(spec_entry) if isinstance(spec_entry, tuple) else (spec_entry,)
-
-
 def splash_attention(q_btnh, k_bskh, v_bskh, *, interpret: bool = False):
     """Causal splash attention, per device under an activation-sharding context (_per_device)."""
     b, t, n, h = q_btnh.shape
@@ -240,9 +234,12 @@ def _per_device(local, q, k, v, *, head_axis: int, what: str):
         dims[0], dims[head_axis] = s
         return P(*dims)
 
-    manual = frozenset(a for e in q_spec for a in _axes_of(e))
+    # every mesh axis not already manual (a pipeline's `stage`): the kernel then meets no automatic axis, whose
+    # sharding a kernel's own partitioning rule would have to read (a `context` axis: the sequence arrives whole)
+    already = frozenset(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+    manual = frozenset(mesh.axis_names) - already
     fn = compat.shard_map(local, mesh=mesh, in_specs=(spec(q_spec), spec(kv_spec), spec(kv_spec)),
-                          out_specs=spec(q_spec), axis_names=manual or frozenset(mesh.axis_names), check_vma=False)
+                          out_specs=spec(q_spec), axis_names=manual, check_vma=False)
     return fn(q, k, v)
 
 
