@@ -215,7 +215,6 @@ class MLP(nnx.Module):
 
     def __call__(self, x_btd):
         # the bias and the activation in float32 on the dot's accumulator, one rounding to the compute dtype
-        # (models/precision.py finish_dot)
         # (models/precision.py finish_dot). A remat policy that keeps the input projections (mlpwi: GELU's; mlpwi_0 /
         # mlpwi_1: SwiGLU's gate and up) keeps them before the activation in the compute dtype, as MaxText does: the
         # activation then runs in float32 on that rounded value.
