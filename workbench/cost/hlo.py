@@ -415,7 +415,7 @@ def torus_axes_of_group(group, mesh) -> int:
     the mesh's flat device order) differ along that many dimensions; 0 without a mesh or coordinates."""
     if mesh is None or not group:
         return 0
-    flat = list(mesh.devices.flat)
+    flat = mesh.devices.flat  # indexed in place: this runs for every collective of a program
     try:
         coords = [tuple(flat[i].coords) for i in group]
     except (AttributeError, IndexError, TypeError):  # ids that are not positions, or devices without coords
@@ -1418,7 +1418,9 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
     mod = mod or parse_module(text)
     mult = _multiplicities(mod)
     by_name = mod.by_name()
-    started = _started_collectives(mod, mult)
+    fusions = _collective_fusions(mod, mult)
+    started = {_channel_key(inner, kind) for role, fused in fusions.values() if role is not None
+               for kind, inner, _ in fused}
     out = []
     for comp, m in mult.items():
         seen: set[tuple] = set()
@@ -1428,9 +1430,8 @@ def parse_collectives(text: str, mesh=None, n_devices: int | None = None, mod: M
             if op.endswith("-done") or op.endswith("-update"):
                 continue
             if op == "fusion":
-                role = fusion_collective_role(mod, ins)
-                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
-                for kind, inner, payload in _fused_collectives(mod, callee):
+                role, fused = fusions.get(ins.name, (None, []))
+                for kind, inner, payload in fused:
                     key = _channel_key(inner, kind)
                     # a compute fusion carrying a copy of a collective in flight, started before it in this
                     # computation or by a collective fusion anywhere (a windowed einsum's loop body continues the
@@ -1453,15 +1454,17 @@ def _channel_key(inner: Instr, kind: str) -> tuple:
     return (attr(inner.attrs, "channel_id"), kind, tuple(inner.shapes))
 
 
-def _started_collectives(mod: Module, mult: dict[str, int]) -> set[tuple]:
-    """The channel keys of the collectives that collective fusions (async starts, kCustom collectives) run."""
-    keys: set[tuple] = set()
+def _collective_fusions(mod: Module, mult: dict[str, int]) -> dict[str, tuple[str | None, list]]:
+    """Each fusion that runs collectives (by instruction name, unique in a module): its role
+    (fusion_collective_role: None for a compute fusion carrying copies) and the collectives it runs."""
+    out: dict[str, tuple[str | None, list]] = {}
     for comp in mult:
         for ins in mod.computations.get(comp, []):
-            if ins.opcode == "fusion" and fusion_collective_role(mod, ins) is not None:
-                callee = (attr(ins.attrs, "calls") or "").lstrip("%")
-                keys.update(_channel_key(inner, kind) for kind, inner, _ in _fused_collectives(mod, callee))
-    return keys
+            if ins.opcode == "fusion":
+                fused = _fused_collectives(mod, (attr(ins.attrs, "calls") or "").lstrip("%"))
+                if fused:
+                    out[ins.name] = (fusion_collective_role(mod, ins), fused)
+    return out
 
 
 def _bidirectional_permutes(instrs: list[Instr]) -> set[str]:

@@ -13,6 +13,8 @@ import dataclasses
 import os
 import statistics
 
+from partitioning.mesh import parse_mesh_spec
+from partitioning.strategy import STAGE_AXIS, TENSOR_AXIS
 from workbench.errors import WorkbenchError
 from workbench.programs.predict import PredictSpec
 from workbench.results.store import Store
@@ -41,11 +43,15 @@ class PublishedRun:
         make_vocab_size_divisible_by (128) × the tensor-parallel size (`_vocab_size_with_padding`: GPT-3's 50257
         becomes 50688 at TP 4); the others as published."""
         v = int(self.row["vocab_size"])
-        if self.row["framework"].startswith("NeMo"):
-            tp = next((int(a.split("=")[1]) for a in self.row["mesh"].split(",") if a.startswith("model=")), 1)
-            multiple = 128 * tp
+        if self.megatron:
+            multiple = 128 * parse_mesh_spec(self.row["mesh"]).get(TENSOR_AXIS, 1)
             v = -(-v // multiple) * multiple
         return v
+
+    @property
+    def megatron(self) -> bool:
+        """NeMo runs Megatron-LM: its vocabulary padding and its 1F1B pipeline schedule."""
+        return self.row["framework"].startswith("NeMo")
 
     def overrides(self) -> str:
         r = self.row
@@ -63,7 +69,7 @@ class PublishedRun:
         # MaxText splits the activations' embed over its tensor axis (logical rule activation_embed -> tensor)
         shard = r["framework"] == "MaxText" and "model=" in r["mesh"]
         # Megatron (NeMo) pipelines run 1F1B: a stage holds at most 2p − 1 microbatches' activations, not all of them
-        schedule = "1f1b" if r["framework"].startswith("NeMo") and "stage=" in r["mesh"] else "gpipe"
+        schedule = "1f1b" if self.megatron and STAGE_AXIS in parse_mesh_spec(r["mesh"]) else "gpipe"
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
                            batch=int(r["global_batch"]), seq=int(r["seq"]), remat=r["remat"],
                            microbatches=int(r["microbatches"] or 1), policy=self.policy(), overrides=self.overrides(),
