@@ -18,7 +18,7 @@ from models.config import ModelConfig
 from models.fused_attention import FUSED, fused_attention
 from models.moe import MoEBlock
 from models.params import normal, ones, param, zeros
-from models.precision import Einsum
+from models.precision import Einsum, elementwise_f32
 from models.remat import saves
 from partitioning.shard import constrain, is_context_parallel, is_sharded
 
@@ -180,6 +180,10 @@ def _gelu(u):
     return jax.nn.gelu(u, approximate=True)
 
 
+def _silu_gate(g, u):
+    return jax.nn.silu(g) * u
+
+
 def remat_tag(y, name: str, remat: str, dot):
     """`y` tagged `name` for remat policies (models/remat.py). When the policy keeps that tensor and `y` is wider than
     the dot's compute dtype (a float32 output for the residual stream), it is kept in the compute dtype, as MaxText
@@ -229,7 +233,8 @@ class MLP(nnx.Module):
             g_btf = self.gate_dot("btd,df->btf", x_btd, self.w_df_gate[...], out_dtype=jnp.float32)
             g_btf = remat_tag(g_btf, "mlpwi_0", self.remat, self.gate_dot)
             u_btf = remat_tag(u_btf, "mlpwi_1", self.remat, self.up_dot)
-            a_btf = (jax.nn.silu(g_btf) * u_btf).astype(self.up_dot.out_dtype)
+            a_btf = elementwise_f32(_silu_gate, self.up_dot.out_dtype, getattr(self.up_dot, "compute_dtype", None),
+                                    g_btf, u_btf)
         a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
         # float32 out (the residual stream's dtype), the bias on the accumulator: its gradient sums b*t float32 terms
         y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...], bias=self.b_d[...] if self.bias else None,

@@ -203,6 +203,47 @@ def ragged_dot_f32(x_rd, w_edf, group_sizes, compute_dtype=F32):
     return _ragged_f32(compute_dtype, x_rd, w_edf, group_sizes)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _f32_on_narrow(fn, out_dtype, xs):
+    return fn(*(x.astype(F32) for x in xs)).astype(out_dtype)
+
+
+def _f32_on_narrow_fwd(fn, out_dtype, xs):
+    return _f32_on_narrow(fn, out_dtype, xs), xs
+
+
+def _f32_on_narrow_bwd(fn, out_dtype, xs, g):
+    _, vjp = jax.vjp(lambda *a: fn(*a), *(x.astype(F32) for x in xs))
+    return (tuple(_match_vma(c.astype(x.dtype), x) for c, x in zip(vjp(g.astype(F32)), xs)),)
+
+
+_f32_on_narrow.defvjp(_f32_on_narrow_fwd, _f32_on_narrow_bwd)
+
+
+def elementwise_f32(fn, out_dtype, compute_dtype, *xs, rounded: int | None = None):
+    """fn(*xs) in float32, rounded once to `out_dtype`: the activation between dots (a GELU epilogue, SwiGLU's
+    silu(gate) * up).
+
+    On XLA:CPU, or with a float32 compute dtype, plain autodiff (the form the host measurements were taken with).
+    Lowered for an accelerator (jax.lax.platform_dependent), the inputs are first rounded to `compute_dtype` (the
+    matrix unit's output) and the backward pass keeps only those narrow inputs, recomputing fn's float32 derivative
+    from them: autodiff of the float32 form kept float32 copies (SwiGLU's gate, up and silu(gate) in a step without
+    remat: three float32 tensors of tokens × d_ff per layer where Megatron's fused SwiGLU keeps its two bf16 inputs).
+    `rounded`: how many leading inputs are rounded (default all; a bias after the accumulator stays as it is)."""
+    def plain(*a):
+        return fn(*(x.astype(F32) for x in a)).astype(out_dtype)
+
+    if compute_dtype is None or np.dtype(compute_dtype).itemsize >= 4:
+        return plain(*xs)
+
+    n = len(xs) if rounded is None else rounded
+
+    def narrow(*a):
+        return _f32_on_narrow(fn, out_dtype, tuple(x.astype(compute_dtype) if i < n else x for i, x in enumerate(a)))
+
+    return jax.lax.platform_dependent(*xs, cpu=plain, default=narrow)
+
+
 def finish_dot(y, out_dtype, bias=None, epilogue=None, compute_dtype=None):
     """A dot's epilogue: `y` (its float32 accumulator) plus `bias`, then `epilogue` (an elementwise function, e.g.
     GELU), all in float32, rounded once to `out_dtype`.
@@ -230,6 +271,10 @@ def finish_dot(y, out_dtype, bias=None, epilogue=None, compute_dtype=None):
 
     if compute_dtype is None or np.dtype(compute_dtype) == np.float32:
         return once(y)
+    if epilogue is not None:  # its backward keeps the rounded accumulator, not a float32 copy (elementwise_f32)
+        if bias is None:
+            return elementwise_f32(epilogue, out_dtype, compute_dtype, y)
+        return elementwise_f32(lambda y, b: epilogue(y + b), out_dtype, compute_dtype, y, bias, rounded=1)
     return jax.lax.platform_dependent(y, cpu=once, default=lambda y: once(y.astype(compute_dtype)))
 
 

@@ -6,7 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.precision import Einsum, einsum_f32, finish_dot, get_policy, ragged_dot_f32, transposed_equations
+from models.precision import (
+    Einsum,
+    _f32_on_narrow,
+    einsum_f32,
+    elementwise_f32,
+    finish_dot,
+    get_policy,
+    ragged_dot_f32,
+    transposed_equations,
+)
 from models.presets import get_config
 from partitioning.mesh import make_mesh
 from workbench.compat import shard_map
@@ -122,6 +131,36 @@ def test_accelerators_round_the_dot_before_its_epilogue():
     text = jax.jit(lambda x, w: f("btd,df->btf", x, w, epilogue=jnp.tanh)).trace(x, w).lower(
         lowering_platforms=("tpu",)).as_text()
     assert "bf16" not in text
+
+
+def _silu_gate(g, u):
+    return jax.nn.silu(g) * u
+
+
+def test_an_activation_between_dots_keeps_its_narrow_inputs_for_the_backward_pass():
+    """The accelerator form of elementwise_f32 (SwiGLU's silu(gate) * up): float32 arithmetic on the compute-dtype
+    inputs, and the backward pass keeps those bf16 inputs, not the float32 copies plain autodiff keeps (three
+    float32 tensors of tokens × d_ff per layer without remat: NeMo's Llama 3 8B did not fit an H100). Values and
+    gradients against float64 on the same bf16 inputs; on a CPU the plain form."""
+    rng = np.random.default_rng(0)
+    g64, u64, dy64 = (rng.standard_normal((64, 96)) for _ in range(3))
+    g, u, dy = (jnp.asarray(a, jnp.bfloat16) for a in (g64, u64, dy64))
+    y, vjp = jax.vjp(lambda g, u: _f32_on_narrow(_silu_gate, jnp.bfloat16, (g, u)), g, u)
+    assert {leaf.dtype for leaf in jax.tree.leaves(vjp) if leaf.size} == {jnp.dtype(jnp.bfloat16)}
+    _, vjp_plain = jax.vjp(lambda g, u: _silu_gate(g.astype(jnp.float32), u.astype(jnp.float32)).astype(jnp.bfloat16),
+                           g, u)
+    assert any(leaf.dtype == jnp.float32 and leaf.size == g.size for leaf in jax.tree.leaves(vjp_plain))
+    # float64 reference on the values the bf16 inputs hold
+    gr, ur, dyr = (_round(a, jnp.bfloat16) for a in (g64, u64, dy64))
+    s = 1 / (1 + np.exp(-gr))
+    assert_close(y, gr * s * ur, "bfloat16")
+    dg, du = vjp(dy)
+    assert dg.dtype == du.dtype == jnp.bfloat16
+    assert_close(du, dyr * gr * s, "bfloat16")
+    assert_close(dg, dyr * ur * s * (1 + gr * (1 - s)), "bfloat16")
+    # on a CPU: the plain float32 form, one rounding
+    out = elementwise_f32(_silu_gate, jnp.bfloat16, jnp.bfloat16, g64.astype(np.float32), u64.astype(np.float32))
+    assert_close(out, g64 / (1 + np.exp(-g64)) * u64, "bfloat16")
 
 
 def test_custom_vjp_gradients_inside_shard_map():
