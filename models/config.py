@@ -16,6 +16,7 @@ from workbench.errors import WorkbenchError
 
 MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
+OPTIMIZER_SHARDINGS = ("params", "data")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -88,6 +89,9 @@ class ModelConfig:
     # layer (unrolled, XLA:CPU re-fuses the whole downstream chain at every layer: bytes grow with depth squared).
     scan_layers: bool = False
     attention: str = "auto"  # ATTENTIONS; resolved per platform when a program is built (resolve_attention)
+    # training: 'params' (the optimizer state sharded as its parameters) | 'data' (also split over the data-parallel
+    # replicas: ZeRO-1, Megatron's distributed optimizer; gradients reduce-scattered to each rank's slice)
+    optimizer_sharding: str = "params"
 
     def __post_init__(self):
         # resolve the derived defaults first (frozen: object.__setattr__)
@@ -114,6 +118,9 @@ class ModelConfig:
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         parse_remat(self.remat)  # an unknown policy or tensor: one line
+        if self.optimizer_sharding not in OPTIMIZER_SHARDINGS:
+            raise WorkbenchError(f"model config optimizer_sharding={self.optimizer_sharding!r} is not one of "
+                                 f"{', '.join(OPTIMIZER_SHARDINGS)}")
         if self.attention not in ATTENTIONS:
             raise WorkbenchError(f"model config attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.moe_gmm not in GMM_IMPLS:

@@ -2,8 +2,9 @@
 
 - `spec_for(axes, shape, mesh, rules, what)`: logical axes of one array -> PartitionSpec (divisibility checked;
   errors name the parameter and the mesh axis).
-- `state_shardings(state, mesh, rules)`: an nnx.State (abstract or concrete) -> the same tree of NamedShardings,
-  read from each Variable's `out_sharding` metadata (its logical axis names).
+- `state_shardings(state, mesh, rules, shard_optimizer)`: an nnx.State (abstract or concrete) -> the same tree of
+  NamedShardings, read from each Variable's `out_sharding` metadata (its logical axis names); shard_optimizer splits
+  the optimizer state over the data-parallel replicas too (ZeRO-1, `over_replicas`).
 - `activation_sharding(mesh, rules)`: context under which `constrain(x, axes)` in model code becomes a sharding
   constraint (outside it, `constrain` is the identity, so the models run unpartitioned too).
 - `sharding_table(state, mesh, rules)`: parameter path -> (PartitionSpec, shard shape), for golden snapshots.
@@ -72,8 +73,33 @@ def path_str(path) -> str:
     return "/".join(parts)
 
 
-def state_specs(state, mesh, rules) -> Any:
-    """The state's tree (Variables kept) with each value replaced by its PartitionSpec."""
+def over_replicas(spec: PartitionSpec, shape, mesh, rules) -> PartitionSpec:
+    """`spec` further split over the mesh axes that replicate the batch's copies of it (the axes `batch` maps to,
+    and `context`, that the spec does not use yet): its largest dimension that is still whole and divides by them
+    takes them. ZeRO-1, Megatron's distributed optimizer: each data-parallel rank keeps and updates its own slice
+    of the optimizer state. An array with no such dimension stays as it was."""
+    rules = get_rules(rules)
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    used = {a for e in entries if e is not None for a in ((e,) if isinstance(e, str) else e)}
+    axes = tuple(a for a in (*rules.mesh_axes_for("batch"), CONTEXT_AXIS)
+                 if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+    axes = tuple(dict.fromkeys(axes))
+    n = math.prod(mesh.shape[a] for a in axes)
+    if n <= 1:
+        return spec
+    free = [d for d, e in enumerate(entries) if e is None and shape[d] % n == 0]
+    if not free:
+        return spec
+    d = max(free, key=lambda i: shape[i])
+    entries[d] = axes[0] if len(axes) == 1 else axes
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def state_specs(state, mesh, rules, shard_optimizer: bool = False) -> Any:
+    """The state's tree (Variables kept) with each value replaced by its PartitionSpec. shard_optimizer: the
+    optimizer state (the tree under 'opt') also split over the data-parallel replicas (`over_replicas`)."""
     rules = get_rules(rules)
 
     def one(path, v):
@@ -82,15 +108,26 @@ def state_specs(state, mesh, rules) -> Any:
             shape = getattr(v.get_value() if hasattr(v, "get_value") else v.value, "shape", ())
             if axes is None:
                 return v.replace(PartitionSpec())
-            return v.replace(spec_for(axes, shape, mesh, rules, what=f"parameter {path_str(path)}"))
+            spec = spec_for(axes, shape, mesh, rules, what=f"parameter {path_str(path)}")
+            if shard_optimizer and path and path_str(path[:1]) == "opt":
+                spec = over_replicas(spec, shape, mesh, rules)
+            return v.replace(spec)
         return PartitionSpec()
 
     return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_var)
 
 
-def state_shardings(state, mesh, rules) -> Any:
+def state_shardings(state, mesh, rules, shard_optimizer: bool = False) -> Any:
     """Same tree as `state` with a NamedSharding per array (for jit in/out_shardings and device_put)."""
-    specs = state_specs(state, mesh, rules)
+    specs = state_specs(state, mesh, rules, shard_optimizer)
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def replica_shardings(tree, mesh, rules) -> Any:
+    """A parameter tree's shardings split over the data-parallel replicas as ZeRO-1 splits the optimizer state
+    (`over_replicas`): where each rank's slice of the gradient is reduced to (a reduce-scatter, not an
+    all-reduce) before its slice of the update."""
+    specs = state_specs({"opt": tree}, mesh, rules, shard_optimizer=True)["opt"]
     return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 

@@ -8,7 +8,8 @@ target, and the fusion explorer and the benchmarks lower.
 
 State: {'params': nnx.State (float32 master weights), 'gmeta': nnx.State (fp8 gradient-scaling state, differentiated:
 its "gradient" is its new value; empty for other policies), 'rest': nnx.State (other variables, e.g. fp8 forward
-scales, router biases), 'opt': optax state (AdamW moments sharded like their parameters), 'step': int32}.
+scales, router biases), 'opt': optax state (AdamW moments sharded like their parameters; with
+optimizer_sharding='data' also split over the data-parallel replicas, ZeRO-1), 'step': int32}.
 Optimizer: optax AdamW (b1 0.9, b2 0.95, weight decay on matrices only) after global-norm clipping, warm-up + cosine.
 Activations are pinned through partitioning.shard.activation_sharding while the step is traced; the mesh is also
 in context as an abstract mesh (jax.sharding.get_abstract_mesh) for layers that shard_map (models/moe.py).
@@ -33,7 +34,7 @@ from models.config import ModelConfig, resolve_attention
 from models.precision import get_policy
 from models.transformer import Transformer
 from partitioning.rules import get_rules
-from partitioning.shard import activation_sharding, constrain, spec_for, state_shardings
+from partitioning.shard import activation_sharding, constrain, replica_shardings, spec_for, state_shardings
 from workbench import compat
 from workbench.errors import WorkbenchError
 
@@ -184,6 +185,7 @@ class _StepFunctions:
     accumulate: int  # gradient-accumulation steps (1 for pipelines: their microbatches are the schedule's)
     mb_size: int
     seq_len: int
+    grad_shardings: Any = None  # ZeRO-1: each rank's slice of the gradients (optimizer_sharding='data')
 
     def init_fn(self):
         model = Transformer(self.cfg, self.policy, nnx.Rngs(self.seed))
@@ -252,6 +254,8 @@ class _StepFunctions:
             finite = None
             if loss_scaling is not None:
                 grads, new_state["loss_scale"], finite = loss_scaling.unscale_and_check(grads, ls_state)
+            if self.grad_shardings is not None:  # reduce-scattered to the optimizer state's slices
+                grads = jax.lax.with_sharding_constraint(grads, self.grad_shardings)
             updates, opt = self.tx.update(grads, state["opt"], state["params"])
             params = optax.apply_updates(state["params"], updates)
             if finite is not None:  # fp16 overflow: skip the update, keep the old state
@@ -312,7 +316,10 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
                          1 if pipe is not None else microbatches, mb_size, seq_len)
     abs_state = jax.eval_shape(fns.init_fn)
     state_shardings(abs_state["params"], mesh, rules)  # first, so divisibility errors name the parameter path
-    shardings = state_shardings(abs_state, mesh, rules)
+    zero1 = cfg.optimizer_sharding == "data"
+    shardings = state_shardings(abs_state, mesh, rules, shard_optimizer=zero1)
+    if zero1:
+        fns = dataclasses.replace(fns, grad_shardings=replica_shardings(abs_state["params"], mesh, rules))
     step = jax.jit(fns.train_step, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                    donate_argnums=0)
     init = jax.jit(fns.init_fn, out_shardings=shardings)
