@@ -222,11 +222,10 @@ def _build_program(cfg, r: Resolved, mesh, batch: int, seq: int):
     """(jitted step, abstract args tuple, abstract state) for the spec's mode, from the models' own builders."""
     spec, policy, rules = r.spec, r.policy, r.rules
     if spec.mode == "train":
-
         out = build_train_step(cfg, policy=policy, mesh=mesh, strategy=rules, batch_size=batch,
-                                     seq_len=seq, microbatches=spec.microbatches, abstract=True,
-                                     pipeline_repeats=spec.pipeline_repeats,
-                                     pipeline_schedule=spec.pipeline_schedule)
+                               seq_len=seq, microbatches=spec.microbatches, abstract=True,
+                               pipeline_repeats=spec.pipeline_repeats,
+                               pipeline_schedule=spec.pipeline_schedule)
         return _unpack_step(out)
     return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode, spec.quant, spec.kv_dtype)
 
@@ -245,7 +244,6 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     import jax.numpy as jnp
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
-
 
     cfg = cfg.replace(scan_layers=False)
     rules = get_rules(strategy)
