@@ -213,7 +213,7 @@ def _f32_on_narrow_fwd(fn, out_dtype, xs):
 
 
 def _f32_on_narrow_bwd(fn, out_dtype, xs, g):
-    _, vjp = jax.vjp(lambda *a: fn(*a), *(x.astype(F32) for x in xs))
+    _, vjp = jax.vjp(fn, *(x.astype(F32) for x in xs))
     return (tuple(_match_vma(c.astype(x.dtype), x) for c, x in zip(vjp(g.astype(F32)), xs)),)
 
 

@@ -97,9 +97,9 @@ def over_replicas(spec: PartitionSpec, shape, mesh, rules) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
-def state_specs(state, mesh, rules, shard_optimizer: bool = False) -> Any:
-    """The state's tree (Variables kept) with each value replaced by its PartitionSpec. shard_optimizer: the
-    optimizer state (the tree under 'opt') also split over the data-parallel replicas (`over_replicas`)."""
+def _specs(state, mesh, rules, split=lambda path: False) -> Any:
+    """The state's tree (Variables kept) with each value replaced by its PartitionSpec; the Variables at the paths
+    `split` picks also split over the data-parallel replicas (`over_replicas`)."""
     rules = get_rules(rules)
 
     def one(path, v):
@@ -109,26 +109,36 @@ def state_specs(state, mesh, rules, shard_optimizer: bool = False) -> Any:
             if axes is None:
                 return v.replace(PartitionSpec())
             spec = spec_for(axes, shape, mesh, rules, what=f"parameter {path_str(path)}")
-            if shard_optimizer and path and path_str(path[:1]) == "opt":
-                spec = over_replicas(spec, shape, mesh, rules)
-            return v.replace(spec)
+            return v.replace(over_replicas(spec, shape, mesh, rules) if split(path) else spec)
         return PartitionSpec()
 
     return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_var)
 
 
+def _under_opt(path) -> bool:
+    return bool(path) and path_str(path[:1]) == "opt"
+
+
+def state_specs(state, mesh, rules, shard_optimizer: bool = False) -> Any:
+    """The state's tree (Variables kept) with each value replaced by its PartitionSpec. shard_optimizer: the
+    optimizer state (the tree under 'opt') also split over the data-parallel replicas (`over_replicas`)."""
+    return _specs(state, mesh, rules, _under_opt if shard_optimizer else (lambda path: False))
+
+
+def _named(specs, mesh) -> Any:
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
 def state_shardings(state, mesh, rules, shard_optimizer: bool = False) -> Any:
     """Same tree as `state` with a NamedSharding per array (for jit in/out_shardings and device_put)."""
-    specs = state_specs(state, mesh, rules, shard_optimizer)
-    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return _named(state_specs(state, mesh, rules, shard_optimizer), mesh)
 
 
 def replica_shardings(tree, mesh, rules) -> Any:
     """A parameter tree's shardings split over the data-parallel replicas as ZeRO-1 splits the optimizer state
     (`over_replicas`): where each rank's slice of the gradient is reduced to (a reduce-scatter, not an
     all-reduce) before its slice of the update."""
-    specs = state_specs({"opt": tree}, mesh, rules, shard_optimizer=True)["opt"]
-    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return _named(_specs(tree, mesh, rules, lambda path: True), mesh)
 
 
 def sharding_table(state, mesh, rules) -> dict[str, dict]:
