@@ -10,7 +10,9 @@ and is compiled through workbench.programs.predict for its target: libtpu for TP
 Reported per run: predicted vs published step time and MFU, the error, and for rows that do not fit the compiler's
 reason. The median |step-time error| overall and per chip family lands in reports/published_validation.json and in
 the results store (kind `published_validation`), where `workbench plan` reads the error it prints beside its
-predictions.
+predictions. Each row also times itself: the program's build and lower, its compile and the whole prediction, so
+that reports/predict_overhead.md gives, per row, how much longer a prediction takes than the bare compile of the
+same program (`predict_over_compile`).
 
 These compiles are pod-scale (up to 256 chips, 7B-128B models): they run one at a time (or one per worker with
 `--workers N` / `--ray`: workbench.programs.executor; each worker sets up its devices before its JAX starts, and the
@@ -76,9 +78,20 @@ def validate(run) -> dict:
         mfu_error=(pred_mfu / pub_mfu - 1) if (fits and pred_mfu and pub_mfu) else None,
         bound=body.get("bound"), compute_s=body.get("compute_s"), memory_s=body.get("memory_s"),
         comm_s=body.get("comm_s"), analytic_floor_s=body.get("analytic_floor_s"),
-        flop_counts=body.get("flop_counts"), compiler=body.get("compiler"), compile_s=body.get("compile_s"),
-        wall_s=time.perf_counter() - t0, notes=body.get("notes", [])[:6])
+        flop_counts=body.get("flop_counts"), compiler=body.get("compiler"), notes=body.get("notes", [])[:6])
+    row.update(_timing(body, time.perf_counter() - t0))
     return row
+
+
+def _timing(body: dict, wall_s: float) -> dict:
+    """The prediction's wall time against the bare compile of the same program, both measured in this call: the
+    program's build and `jit(...).lower(...)` (build_and_lower_s) plus its `.compile()` (compile_s) are what a bare
+    compile costs; the rest of wall_s is the workbench's own work (reading the optimized HLO, pricing, the analytic
+    counts). A program compiled twice would show a ratio near 2."""
+    lower_s, compile_s = body.get("build_and_lower_s"), body.get("compile_s")
+    bare = (lower_s or 0.0) + (compile_s or 0.0)
+    return {"build_and_lower_s": lower_s, "compile_s": compile_s, "wall_s": wall_s,
+            "predict_over_compile": wall_s / bare if lower_s is not None and compile_s else None}
 
 
 _DEVICES_SET: list[int | None] = []
@@ -139,6 +152,36 @@ def markdown_table(rows: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
+def timing_table(rows: list[dict], total_wall_s: float, executor: str) -> str:
+    """Per row: the program's build and lower, its compile, the whole prediction, and prediction / (build + lower +
+    compile), the figure a prediction is held to (≤ 1.2)."""
+    lines = ["| run | build + lower | compile | predict (whole) | predict / compile |", "|---|---|---|---|---|"]
+    ratios = []
+    for r in rows:
+        q = r.get("predict_over_compile")
+        if q is not None:
+            ratios.append(q)
+        cells = [f"{r[k]:.1f} s" if r.get(k) is not None else "—" for k in ("build_and_lower_s", "compile_s", "wall_s")]
+        lines.append(f"| {r['name']} | {' | '.join(cells)} | {'—' if q is None else f'{q:.3f}'} |")
+    lines.append("")
+    lines.append(f"{len(rows)} rows in {total_wall_s / 60:.1f} min ({executor}); predict / compile "
+                 + (f"from {min(ratios):.3f} to {max(ratios):.3f}." if ratios else "not measured (nothing compiled)."))
+    return "\n".join(lines)
+
+
+def _expected_seconds(report: str, runs, targets) -> list[float]:
+    """Each row's expected wall time: its wall_s in the last report at `report` when it has one, else its chip count
+    (a pod-scale program compiles for longer) scaled by the median seconds per chip of the rows the report has."""
+    try:
+        with open(report, encoding="utf-8") as f:
+            last = {r["name"]: r["wall_s"] for r in json.load(f).get("runs", []) if r.get("wall_s")}
+    except (OSError, ValueError):
+        last = {}
+    per_chip = sorted(last[r.name] / t.n_chips for r, t in zip(runs, targets) if r.name in last)
+    scale = per_chip[len(per_chip) // 2] if per_chip else 1.0
+    return [last.get(r.name, scale * t.n_chips) for r, t in zip(runs, targets)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma list of run names (see benchmarks/data/published_runs.csv)")
@@ -173,8 +216,12 @@ def main(argv=None) -> int:
 
     tasks = [Task(str(i), run.name, validate_on_worker, (run, n_sim), candidate_memory(t),
                   fresh_process=True) for i, (run, t) in enumerate(zip(runs, targets))]
+    if executor.slots() > 1:  # longest first, so that no worker is left with a long row at the end
+        cost = _expected_seconds(args.out, runs, targets)
+        tasks.sort(key=lambda t: -cost[int(t.key)])
     by_index: dict[int, dict] = {}
     n = len(runs)
+    t_start = time.perf_counter()
     with executor:
         for r in executor.run(tasks, on_start=lambda t: _log(f"[{int(t.key) + 1}/{n}] {t.label}: compiling ...")):
             i, run = int(r.task.key), runs[int(r.task.key)]
@@ -195,13 +242,20 @@ def main(argv=None) -> int:
                      f"{str(row.get('reason'))[:200]}")
     rows = [by_index[i] for i in sorted(by_index)]
     summary = summarize_errors(rows)
+    total_wall_s = time.perf_counter() - t_start
+    ratios = [r["predict_over_compile"] for r in rows if r.get("predict_over_compile") is not None]
     out = {"runs": rows, **summary, "chips": sorted({r["chip"] for r in rows}),
+           "executor": executor.describe(), "total_wall_s": total_wall_s,
+           "max_predict_over_compile": max(ratios) if ratios else None,
            "error_convention": "step_error = predicted / published step time − 1; median of |step_error| over the "
                                "runs that fit"}
     Store().append(make_record("published_validation", {"only": args.only, "table": args.table}, extra=out))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, default=str)
+    timing = os.path.join(os.path.dirname(os.path.abspath(args.out)), "predict_overhead.md")
+    with open(timing, "w", encoding="utf-8") as f:
+        f.write(timing_table(rows, total_wall_s, executor.describe()) + "\n")
     if args.json:
         print(json.dumps(out, indent=1, default=str))
     elif args.markdown:

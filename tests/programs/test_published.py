@@ -3,7 +3,9 @@ row implies, and the error the planner prints beside its predictions (no compile
 pod-scale, `python -m benchmarks.published_validation`)."""
 import pytest
 
+from benchmarks import published_validation as pv
 from models.presets import get_config
+from partitioning.topology import parse_target
 from workbench.programs import plan as wplan
 from workbench.programs import predict as wp
 from workbench.programs import validation
@@ -56,3 +58,22 @@ def test_planner_error_comes_from_the_latest_validation_record(results_dir):
     Store().append(make_record("published_validation", {}, extra=validation.summarize_errors(rows)))
     e = wplan.prediction_error(t)
     assert e["median_error"] == pytest.approx(0.20) and e["n_runs"] == 3 and "±20%" in e["text"]
+
+
+def test_each_row_times_its_prediction_against_its_bare_compile(tmp_path):
+    """A row's ratio is its whole prediction over build + lower + compile; the table says so per row, and two workers
+    take the rows longest first: by the last report's wall times, else by chip count."""
+    t = pv._timing({"build_and_lower_s": 1.0, "compile_s": 9.0}, 11.0)
+    assert t["predict_over_compile"] == pytest.approx(1.1)
+    assert pv._timing({"build_and_lower_s": 1.0, "compile_s": None}, 2.0)["predict_over_compile"] is None
+    table = pv.timing_table([{"name": "a", **t}, {"name": "b", "wall_s": 1.0}], 60.0, "in-process")
+    assert "| a | 1.0 s | 9.0 s | 11.0 s | 1.100 |" in table and "| b | — | — | 1.0 s | — |" in table
+    assert "from 1.100 to 1.100" in table
+    runs = validation.load_runs()[:3]
+    targets = [parse_target(r.row["target"]) for r in runs]
+    by_chips = pv._expected_seconds(str(tmp_path / "none.json"), runs, targets)
+    assert by_chips == [float(t.n_chips) for t in targets]
+    report = tmp_path / "last.json"
+    report.write_text('{"runs": [{"name": "%s", "wall_s": 500.0}]}' % runs[1].name)
+    last = pv._expected_seconds(str(report), runs, targets)
+    assert last[1] == 500.0 and last[0] == pytest.approx(500.0 / targets[1].n_chips * targets[0].n_chips)

@@ -1,5 +1,7 @@
 """Compiled by libtpu for compile-only TPU devices (no TPU attached): collectives of known traffic, flop counts of
 scanned and unrolled layers, host offloading against per-layer remat. Small programs on tiny topologies."""
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -77,13 +79,23 @@ def test_windowed_einsum_loops_are_counted_at_their_real_trip_count(results_dir)
 
 
 def test_a_program_that_does_not_fit_is_priced_from_the_hlo_the_compiler_wrote(results_dir):
-    """The compiler refuses the program (HBM overflow) after optimizing it; compiled once more with a dump, its
-    optimized HLO prices the step it would take. The record still says it does not fit, with the compiler's
-    memory figure, and its flop count is the expected one (scanned layers read through the proto's printout)."""
+    """The compiler refuses the program (HBM overflow) after optimizing it; compiled with a dump, its optimized HLO
+    prices the step it would take, from that one compile. The record still says it does not fit, with the
+    compiler's memory figure, and its flop count is the expected one (scanned layers read through the proto's
+    printout)."""
     spec = wp.PredictSpec("tiny", "tpu-v5e:1x1", "dp", batch=2048, seq=1024, remat="none")
     refused = wp.predict_once(spec)
     assert not refused["fits"] and refused["predicted_step_s"] is None
-    r = wp.predict_once(spec, price_unfit=True)
+    compiles = []
+    real = jax.stages.Lowered.compile
+
+    def counted(self, *a, **k):
+        compiles.append(k)
+        return real(self, *a, **k)
+
+    with mock.patch.object(jax.stages.Lowered, "compile", counted):
+        r = wp.predict_once(spec, price_unfit=True)
+    assert len(compiles) == 1, compiles
     assert not r["fits"] and not r["compiled"] and "ran out of memory" in r["reason"]
     assert r["memory_per_device_bytes"] > 16e9 and r["priced_from"]
     assert r["predicted_step_s"] > 0 and r["compute_s"] > 0

@@ -108,31 +108,36 @@ class UncompiledHlo:
         raise RuntimeError("the program did not compile (out of memory): no memory_analysis")
 
 
-def optimized_hlo_of_oom(lowered) -> str | None:
-    """The optimized HLO of a program whose compile runs out of device memory, or None where the compiler leaves none.
+def compile_keeping_oom_hlo(lowered):
+    """lowered.compile() with an XLA dump directory, so that a program the compiler refuses for want of device memory
+    still leaves its optimized HLO: (compiled or None, the error or None, the optimized HLO text or None).
 
-    The compiler runs its optimization passes before it assigns buffers, and with an XLA dump directory it writes
-    the optimized module before it reports the overflow (`*.after_optimizations.hlo.pb`). The module is read from the
+    The compiler runs its optimization passes before it assigns buffers, and with a dump directory it writes the
+    optimized module before it reports the overflow (`*.after_optimizations.hlo.pb`). The module is read from the
     proto and printed by this jaxlib, so tuple elements are explicit get-tuple-element instructions as in
-    `Compiled.as_text()` (libtpu's own text dump writes them as `%x#k`, which the HLO reader does not follow). The
-    dump goes to a temporary directory removed afterwards; the compile runs a second time to write it."""
+    `Compiled.as_text()` (libtpu's own text dump writes them as `%x#k`, which the HLO reader does not follow). One
+    compile either way; the dump goes to a temporary directory removed afterwards."""
     d = tempfile.mkdtemp(prefix="workbench-oom-hlo-")
     try:
         try:
-            lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_proto": True})
-            return None  # it compiled this time: the caller's first answer stands
+            return lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_proto": True}), None, None
         except Exception as e:  # noqa: BLE001
             if not is_resource_exhausted(e):
-                return None
-        for path in sorted(glob.glob(os.path.join(d, "*.after_optimizations.hlo.pb")), key=os.path.getsize,
-                           reverse=True):
-            with open(path, "rb") as f:
-                text = hlo_text_of_proto(f.read())
-            if text:
-                return text
-        return None
+                raise
+            return None, e, _dumped_optimized_hlo(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _dumped_optimized_hlo(d: str) -> str | None:
+    """The largest optimized module in dump directory `d`, as text; None where the compiler wrote none."""
+    for path in sorted(glob.glob(os.path.join(d, "*.after_optimizations.hlo.pb")), key=os.path.getsize,
+                       reverse=True):
+        with open(path, "rb") as f:
+            text = hlo_text_of_proto(f.read())
+        if text:
+            return text
+    return None
 
 
 def _proto_field(buf: bytes, number: int) -> bytes | None:

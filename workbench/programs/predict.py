@@ -42,7 +42,7 @@ from partitioning.rules import Rules, get_rules
 from partitioning.shard import activation_sharding, spec_for, state_shardings
 from partitioning.strategy import Strategy, get_strategy
 from workbench import compat
-from workbench.cost.compile import UncompiledHlo, is_resource_exhausted, optimized_hlo_of_oom
+from workbench.cost.compile import UncompiledHlo, compile_keeping_oom_hlo, is_resource_exhausted
 from workbench.cost.hlo import torus_axes_of_group
 from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import WorkbenchError
@@ -408,15 +408,25 @@ def lower(spec: PredictSpec | Resolved, *, precheck: bool = True, devices=None) 
 
 def compile_lowered(lw: Lowered):
     """lowered.compile() → (compiled, seconds, error words or None). Resource exhaustion is an answer, not a crash."""
+    compiled, secs, words, _ = _compile(lw, keep_oom_hlo=False)
+    return compiled, secs, words
+
+
+def _compile(lw: Lowered, keep_oom_hlo: bool):
+    """(compiled, seconds, error words or None, optimized HLO of a refused program or None). keep_oom_hlo: compile
+    with an XLA dump (compile_keeping_oom_hlo), so that a program refused for want of memory is priced without a
+    second compile."""
     t0 = time.perf_counter()
     try:
-        c = lw.lowered.compile()
-        return c, time.perf_counter() - t0, None
+        if not keep_oom_hlo:
+            return lw.lowered.compile(), time.perf_counter() - t0, None, None
+        compiled, err, hlo = compile_keeping_oom_hlo(lw.lowered)
+        if err is None:
+            return compiled, time.perf_counter() - t0, None, None
+        return None, time.perf_counter() - t0, " ".join(str(err).strip().split())[:600], hlo
     except Exception as e:  # noqa: BLE001
-
         if is_resource_exhausted(e):
-            words = " ".join(str(e).strip().split())
-            return None, time.perf_counter() - t0, words[:600]
+            return None, time.perf_counter() - t0, " ".join(str(e).strip().split())[:600], None
         raise
 
 
@@ -635,7 +645,7 @@ def predict_lowered(lw: Lowered, compiled=None, compile_s: float | None = None,
                     error: str | None = None, oom_hlo: str | None = None) -> TargetPrediction:
     """Turn a lowered (and compiled, or failed) program into the prediction record's body.
 
-    oom_hlo: the optimized HLO of a program the compiler refused for want of memory (optimized_hlo_of_oom); the
+    oom_hlo: the optimized HLO of a program the compiler refused for want of memory (compile_keeping_oom_hlo); the
     record then says it does not fit and still prices the step it would take (`priced_from`)."""
     target, spec = lw.target, lw.spec
     hw = target_spec(target)  # per device (the chip's share on v7x)
@@ -771,8 +781,8 @@ def predict_once(spec: PredictSpec | Resolved, *, compile_anyway: bool = False,
                  price_unfit: bool = False) -> TargetPrediction:
     """Lower, compile and predict one spec exactly as given (no automatic remat).
 
-    price_unfit: when the compiler runs out of memory, compile once more to read the optimized HLO it wrote and
-    price the step anyway (the record still says it does not fit)."""
+    price_unfit: compile with an XLA dump, so that when the compiler runs out of memory the optimized HLO it wrote is
+    priced all the same (the record still says it does not fit); one compile either way."""
     return _predict_lowered_spec(lower(spec, precheck=not compile_anyway), price_unfit)
 
 
@@ -783,12 +793,8 @@ def _predict_lowered_spec(lw: Lowered, price_unfit: bool) -> TargetPrediction:
         n = lw.mesh.size
         say(f"predict: compiling {spec.preset} {spec.mode} (remat {lw.cfg.remat}) for {spec.target}: {n} devices, "
             f"{lw.compiler}" + (" — pod-scale programs take minutes on a CPU host" if n >= 64 else ""))
-        compiled, cs, err = compile_lowered(lw)
+        compiled, cs, err, oom_hlo = _compile(lw, keep_oom_hlo=price_unfit)
         say(f"predict: compiled in {cs:.0f} s" + ("" if err is None else " — the compiler ran out of memory"))
-        if err is not None and price_unfit:
-            say("predict: compiling once more to read the optimized program the compiler wrote before it ran out "
-                "of memory")
-            oom_hlo = optimized_hlo_of_oom(lw.lowered)
     return predict_lowered(lw, compiled, cs, err, oom_hlo)
 
 
