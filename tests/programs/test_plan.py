@@ -74,6 +74,17 @@ def test_zero_feasible_reports_the_smallest_overshoot(results_dir):
 
 
 @needs_libtpu
+def test_candidates_decided_without_compiling_leave_the_budget_to_the_next(results_dir):
+    """--max-candidates counts compiles: with one head, tensor parallelism cannot shard the model (two invalid
+    candidates, decided while lowering), and the one compile the budget allows goes to data parallelism."""
+    r = wplan.plan("tiny", "tpu-v5e:2x2", batch=8, strategies=["tp", "dp"], max_candidates=1,
+                   overrides="n_heads=1,n_kv_heads=1", workers=1, store=False, use_cache=False)
+    assert [(o.spec.strategy, o.status) for o in r.outcomes] == [("tp", "invalid"), ("tp", "invalid"),
+                                                                  ("dp", "ranked")]
+    assert r["compiled_fresh"] == 1 and r["winner"]["strategy"] == "dp"
+
+
+@needs_libtpu
 @pytest.mark.compile_heavy
 def test_plan_ranks_and_caches(results_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PLAN_CACHE", str(tmp_path / "plan-cache"))

@@ -66,6 +66,23 @@ def test_offload_lowers_device_memory_against_per_layer_remat(results_dir):
     assert mem["offload"] < mem["per-layer"], mem
 
 
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_offloaded_activations_are_priced_over_the_host_link(results_dir, scan):
+    """Host offloading of the layer input and q/k/v: unrolled layers copy each to and from the host's memory
+    (copy-start), scanned ones write slices of a stacked host buffer and read them back (dynamic-update-slice-start /
+    dynamic-slice-start). Either way the bytes each way are the offloaded activations per device — batch 8 over 4
+    chips, 128 positions, 4 tensors of width 128 in bf16, 6 layers — and their time is those bytes over v5e's
+    host link."""
+    r = wp.predict_once(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", batch=8, seq=128, remat="offload",
+                                       overrides=f"{PROGRAM},n_layers=6,attention=dot,scan_layers={scan}"))
+    expected = (8 // 4) * 128 * 128 * 2 * 4 * 6
+    assert r["host_bytes_out_per_device"] == expected and r["host_bytes_in_per_device"] == expected
+    assert r["host_s"] == pytest.approx(expected / 1.6e10)
+    plain = wp.predict_once(wp.PredictSpec("tiny", "tpu-v5e:2x2", "fsdp", batch=8, seq=128, remat="per-layer",
+                                           overrides=f"{PROGRAM},n_layers=6,attention=dot,scan_layers={scan}"))
+    assert plain["host_bytes_out_per_device"] == 0 and plain["host_s"] == 0
+
+
 def test_windowed_einsum_loops_are_counted_at_their_real_trip_count(results_dir):
     """FSDP over 16 chips at these widths: libtpu turns the weight all-gathers and gradient reduce-scatters into
     collective matmuls (windowed einsum loops, unrolled by two, the counter stepping by 2). Counted at the loop

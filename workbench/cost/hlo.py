@@ -374,6 +374,10 @@ class KernelCost:
     # bytes of the whole arrays it touches (its operands and its output, unsliced: a slice of a stacked array or an
     # in-place update of one keeps the stacked array's lines in play); 0 where unknown
     footprint: float = 0.0
+    # bytes it moves over the host link per execution: to the host's memory (an offloaded activation's copy or
+    # in-place write into a host buffer, memory space S(5)) and back from it
+    host_out: float = 0.0
+    host_in: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -1040,10 +1044,52 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                     on_chip = into is not None and re.search(r"S\([1-9]", into.group(3) or "")
                     bytes_in, bytes_out = moved, 0.0 if on_chip else moved
                 trans_el = strided_transposes([ins], by_name)
+            to_host, from_host = host_transfer(ins, by_name) if op != "fusion" else (0.0, 0.0)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
-                                  trans_el, sum(operand_bytes) + out_bytes))
+                                  trans_el, sum(operand_bytes) + out_bytes, to_host, from_host))
     return out
+
+
+_HOST_MOVES = ("copy", "copy-start", "dynamic-update-slice", "dynamic-update-slice-start", "dynamic-slice",
+               "dynamic-slice-start")
+
+
+def _array_bytes(a: tuple[str, str, str]) -> float:
+    dt, dims, _ = a
+    return Shape(dt, tuple(int(d) for d in dims.split(",") if d)).bytes if dt in DTYPE_BYTES else 0.0
+
+
+def _on_host(a: tuple[str, str, str] | None) -> bool:
+    """Whether an array's layout puts it in the host's memory (memory space 5: XLA's host memory space, where host
+    offloading keeps what it moves off the device)."""
+    return a is not None and "S(5)" in (a[2] or "")
+
+
+def host_transfer(ins: Instr, by_name: dict[str, Instr]) -> tuple[float, float]:
+    """(bytes to the host, bytes from the host) that one execution of `ins` moves over the host link: a copy whose
+    destination or source lives in host memory, an update written in place into a host buffer (the slice, not the
+    buffer), a slice read out of one (the slice). Host offloading compiles to these: copy-start/copy-done pairs for
+    unrolled layers, dynamic-update-slice-start / dynamic-slice-start on a stacked host buffer inside a scan."""
+    if ins.opcode not in _HOST_MOVES or not ins.operands:
+        return 0.0, 0.0
+    first = _ARRAY_RE.findall(by_name[ins.operands[0]].type_str) if ins.operands[0] in by_name else []
+    src = first[0] if len(first) == 1 else None
+    if ins.opcode.startswith("copy"):
+        dst = _ARRAY_RE.search(ins.type_str)
+        dst = dst.groups() if dst else None
+        if dst is None or src is None or _on_host(dst) == _on_host(src):
+            return 0.0, 0.0
+        return (_array_bytes(dst), 0.0) if _on_host(dst) else (0.0, _array_bytes(dst))
+    if not _on_host(src):
+        return 0.0, 0.0
+    if ins.opcode.startswith("dynamic-update-slice"):
+        upd = _ARRAY_RE.findall(by_name[ins.operands[1]].type_str) if len(ins.operands) > 1 and \
+            ins.operands[1] in by_name else []
+        return (_array_bytes(upd[0]), 0.0) if len(upd) == 1 and not _on_host(upd[0]) else (0.0, 0.0)
+    # dynamic-slice(-start): the slice it reads is its result (a -start's result tuple: (operands), slice, context)
+    out = [a for a in _ARRAY_RE.findall(ins.type_str) if a[1] and not _on_host(a)]  # not the scalar indices
+    return (0.0, _array_bytes(out[-1])) if out else (0.0, 0.0)
 
 
 def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:

@@ -90,6 +90,16 @@ class CostReport:
         return sum(k.transcendentals * k.count for k in self.kernels)
 
     @property
+    def host_bytes_out(self) -> float:
+        """Per device, bytes moved to the host's memory per execution (host offloading; loop bodies × trip count)."""
+        return sum(k.host_out * k.count for k in self.kernels)
+
+    @property
+    def host_bytes_in(self) -> float:
+        """Per device, bytes moved back from the host's memory per execution."""
+        return sum(k.host_in * k.count for k in self.kernels)
+
+    @property
     def has_loops(self) -> bool:
         return any(k.count > 1 for k in self.kernels)
 
@@ -189,6 +199,7 @@ class CostReport:
             "unpriced_custom_calls": dict(self.unpriced_custom_calls),
             "analytic_custom_calls": dict(self.analytic_custom_calls),
             "hlo_flops": self.hlo_flops, "hlo_bytes": self.hlo_bytes, "hlo_transcendentals": self.hlo_transcendentals,
+            "host_bytes_out": self.host_bytes_out, "host_bytes_in": self.host_bytes_in,
             "intensity": self.intensity if math.isfinite(self.intensity) else None,
             "memory": {"argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
                        "temp_bytes": self.temp_bytes, "alias_bytes": self.alias_bytes,

@@ -157,6 +157,11 @@ class PlanResult(RecordView):
 
 
 
+def _reached_compiler(o: Outcome) -> bool:
+    """Whether a candidate was compiled (now, or when its cached outcome was made), as --max-candidates counts."""
+    return o.status != "invalid" and bool(o.body) and o.body.get("compile_s") is not None
+
+
 def default_workers() -> int:
     """Compile threads: the cores this process may use, at most 4 (each compile holds its own memory)."""
     try:
@@ -208,7 +213,6 @@ def plan(preset: str, target: str | topo.Target, *, batch: int | None = None, se
     budget = max_candidates if max_candidates is not None else total
     compiler = topo.gpu_compiler_for(t, gpu_compiler)
     if compiler == "cpu-sim" and use_cache:
-
         enable_compilation_cache()
     workers = executor.slots() if executor is not None else (workers or default_workers())
     outcomes: list[Outcome] = []
@@ -234,15 +238,15 @@ def plan(preset: str, target: str | topo.Target, *, batch: int | None = None, se
                     else:
                         keep.append(c)
                 group = keep
-            room = budget - len(outcomes)
-            if room <= 0:
-                break
-            group = group[:room]
-            state["expected"] = len(outcomes) + len(group) if tier > 0 else state["expected"]
-            if executor is not None:
-                outcomes.extend(_run_on(executor, group, t, gpu_compiler, use_cache, store, tick))
-            else:
-                outcomes.extend(_run(group, res, pool, workers, compiler, use_cache, store, tick))
+            # the budget counts the candidates that reach the compiler: those the rules cannot shard and those whose
+            # state alone overflows HBM are decided while lowering, so the next ones in line take their places
+            while group and (room := budget - sum(1 for o in outcomes if _reached_compiler(o))) > 0:
+                chunk, group = group[:room], group[room:]
+                state["expected"] = max(state["expected"], len(outcomes) + len(chunk))
+                if executor is not None:
+                    outcomes.extend(_run_on(executor, chunk, t, gpu_compiler, use_cache, store, tick))
+                else:
+                    outcomes.extend(_run(chunk, res, pool, workers, compiler, use_cache, store, tick))
     elapsed = time.perf_counter() - t0
     result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
                        compiler if t.kind == "gpu" else "libtpu")
@@ -251,7 +255,6 @@ def plan(preset: str, target: str | topo.Target, *, batch: int | None = None, se
     result["exhaustive"] = exhaustive
     result["backend"] = executor.name if executor is not None else "in-process"
     if store:
-
         Store().append(make_record("plan", {"preset": preset, "target": t.name, "batch": result["batch"],
                                             "seq": result["seq"], "max_candidates": max_candidates,
                                             "strategies": strategies, "policy": policy, "overrides": overrides,

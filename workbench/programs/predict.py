@@ -587,6 +587,7 @@ def _compiled_fields(lw: Lowered, p: _Priced, hw, *, fits: bool, flop_counts, st
         collectives=cost.collectives_by_kind_and_axis(), collectives_by_kind=cost.collectives_by_kind(),
         collective_bytes_per_device=cost.collective_bytes(),
         compute_s=pred.compute_s, memory_s=pred.memory_s, comm_s=pred.comm_s, kernel_s=pred.kernel_s,
+        host_s=pred.host_s, host_bytes_out_per_device=cost.host_bytes_out, host_bytes_in_per_device=cost.host_bytes_in,
         roofline_s=pred.predicted_s, roofline_serial_s=pred.predicted_serial_s,
         predicted_step_s=step, predicted_mfu=floor_s / step if step > 0 else None,
         tokens_per_s=tokens / step if step > 0 else None,
@@ -748,6 +749,8 @@ def _src(hw, key: str) -> str:
 def explain_bottleneck(pred, step: float, floor_s: float) -> str:
     """One line: which term sets the step time."""
     terms = {"compute": pred.compute_s, "memory (HBM)": pred.memory_s, "communication": pred.comm_s}
+    if pred.host_s:
+        terms["host transfer"] = pred.host_s
     name, t = max(terms.items(), key=lambda kv: kv[1])
     others = ", ".join(f"{k} {v:.3g}s" for k, v in terms.items() if k != name)
     if floor_s >= pred.predicted_s:

@@ -9,10 +9,13 @@ Terms (seconds):
                       not saved by one big compute-bound matmul). Used when the HLO kernel flops account for the
                       compiler's total (within 10%, counted in cost_analysis's convention when there are no loops);
                       otherwise max(compute_s, memory_s) and a note says why.
-    predicted_serial_s  = kernel_s + comm_s            (no compute/communication overlap)
-    predicted_s         = max(kernel_s, comm_s)        (perfect overlap; the headline) — except on a simulated
-                          mesh, where collectives are copies on the same cores as the kernels: kernel_s + comm_s
-    bound           = the largest of compute_s, memory_s, comm_s
+    host_s          = max(bytes to the host, bytes from it) / host_link_bw (an accelerator that offloads to its
+                      host's memory: the link carries both directions at once)
+    predicted_serial_s  = kernel_s + comm_s + host_s   (no overlap)
+    predicted_s         = max(kernel_s, comm_s, host_s) (perfect overlap; the headline: collectives and offload
+                          copies are asynchronous) — except on a simulated mesh, where collectives are copies on the
+                          same cores as the kernels: kernel_s + comm_s
+    bound           = the largest of compute_s, memory_s, comm_s, host_s
     intensity       = flops / bytes;  ridge = peak / bandwidth
 
 On a CPU host the measured refinements of workbench/roofline/host.py price each kernel (cache levels, reductions,
@@ -58,6 +61,7 @@ class Prediction:
     n_devices: int
     comm_by_kind_s: dict[str, float] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    host_s: float = 0.0  # host offloading's transfers over the host link
     # the memory bandwidth band the spec was calibrated with (host: lowest and highest stream sample) and the
     # predicted_s at each end of it (low bandwidth -> the slower prediction); None where the spec has no band
     memory_bw_band: tuple[float, float] | None = None
@@ -68,7 +72,8 @@ class Prediction:
 
     def explain(self) -> str:
         """One line: what bounds the program and by how much."""
-        terms = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.comm_s}
+        terms = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.comm_s,
+                 "host transfer": self.host_s}
         ordered = sorted(terms.items(), key=lambda kv: -kv[1])
         (b, tb), (s, ts) = ordered[0], ordered[1]
         ratio = f"{tb / ts:.1f}× the {s} term" if ts > 0 else "the only non-zero term"
@@ -164,16 +169,32 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
     if spec.measured.call_overhead_s:
         t_kernels += spec.measured.call_overhead_s
         notes.append(f"includes the measured per-call overhead {spec.measured.call_overhead_s * 1e6:.0f} µs")
-    terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm}
+    t_host = _host_transfer_seconds(cost, spec, notes)
+    terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm, "host transfer": t_host}
     band, pred_band = _bandwidth_band(cost, spec, bw, dtype, simulated_mesh, torus_axes)
     return Prediction(
         target=spec.name, scope="whole_mesh_on_host" if simulated_mesh else "per_device", dtype=d, peak_dtype=pdt,
         peak_flops=peak, memory_bw=bw, flops=flops, bytes=nbytes, transcendentals=trans, compute_s=t_compute,
         transcendental_s=t_trans, memory_s=t_mem, comm_s=t_comm, kernel_s=t_kernels,
-        predicted_s=(t_kernels + t_comm) if simulated_mesh else max(t_kernels, t_comm),
-        predicted_serial_s=t_kernels + t_comm, intensity=flops / nbytes if nbytes else math.inf,
+        predicted_s=(t_kernels + t_comm) if simulated_mesh else max(t_kernels, t_comm, t_host),
+        predicted_serial_s=t_kernels + t_comm + t_host, host_s=t_host, intensity=flops / nbytes if nbytes else math.inf,
         ridge=peak / bw, bound=max(terms, key=terms.get), n_devices=cost.n_devices, comm_by_kind_s=comm_by_kind,
         notes=tuple(dict.fromkeys(notes)), memory_bw_band=band, predicted_s_band=pred_band)
+
+
+def _host_transfer_seconds(cost: CostReport, spec: HardwareSpec, notes: list[str]) -> float:
+    """Seconds of the program's transfers to and from the host's memory (host offloading) over the host link."""
+    out, back = cost.host_bytes_out, cost.host_bytes_in
+    if not (out or back) or spec.kind == "cpu":
+        return 0.0
+    if not spec.host_link_bw:
+        notes.append(f"{spec.name}: host link bandwidth unpublished; the {max(out, back) / 1e9:.3g} GB offloaded per "
+                     "step are not priced")
+        return 0.0
+    t = max(out, back) / spec.host_link_bw
+    notes.append(f"host offloading moves {out / 1e9:.3g} GB to the host and {back / 1e9:.3g} GB back per device: "
+                 f"{t:.3g}s at the {spec.host_link_bw / 1e9:.3g} GB/s host link, overlapped with the kernels")
+    return t
 
 
 def _transcendental_seconds(trans: float, spec: HardwareSpec, notes: list[str]) -> float:
