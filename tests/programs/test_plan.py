@@ -85,6 +85,17 @@ def test_candidates_decided_without_compiling_leave_the_budget_to_the_next(resul
 
 
 @needs_libtpu
+def test_a_candidate_that_fails_to_lower_is_listed_not_fatal(results_dir):
+    """Splash attention inside a pipeline stage does not trace (JAX's custom-VJP check: the kernel's cotangents are
+    not typed as varying over `stage`); the pipelined candidates are listed with JAX's error and the plan goes on."""
+    r = wplan.plan("tiny", "tpu-v5e:2x2", batch=8, seq=512, strategies=["pp", "dp"], max_candidates=4,
+                   overrides="n_layers=4,attention=splash", workers=1, store=False, use_cache=False)
+    failed = [o for o in r.outcomes if o.spec.strategy == "pp"]
+    assert failed and all(o.status == "invalid" and o.reason.startswith("did not lower: ") for o in failed)
+    assert r["winner"]["strategy"] == "dp"
+
+
+@needs_libtpu
 @pytest.mark.compile_heavy
 def test_plan_ranks_and_caches(results_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PLAN_CACHE", str(tmp_path / "plan-cache"))

@@ -289,8 +289,8 @@ def _run(group: list[wp.PredictSpec], res: wp.Resolver, pool, workers: int, comp
         label = f"{spec.strategy} {spec.mesh} remat={spec.remat} mb={spec.microbatches}"
         try:
             lw = wp.lower(res(spec))  # tracing stays on this thread
-        except WorkbenchError as e:
-            outcomes[i] = Outcome(spec, "invalid", reason=str(e))
+        except Exception as e:  # noqa: BLE001 - a candidate that does not trace must not end the plan
+            outcomes[i] = Outcome(spec, "invalid", reason=_failure(e, "did not lower"))
             tick(label + " (invalid)")
             continue
         if lw.lowered is None:  # the sharded state alone overflows HBM: no compile needed
@@ -312,6 +312,11 @@ def _run(group: list[wp.PredictSpec], res: wp.Resolver, pool, workers: int, comp
     return [o for o in outcomes if o is not None]
 
 
+def _failure(e: BaseException, what: str) -> str:
+    """A candidate's failure as its one-line reason: the workbench's own words, else what failed and JAX's error."""
+    return str(e) if isinstance(e, WorkbenchError) else f"{what}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
 def _drain(pending, outcomes, store, tick, how):
     finished, _ = cf.wait(list(pending), return_when=how)
     for fut in finished:
@@ -321,14 +326,9 @@ def _drain(pending, outcomes, store, tick, how):
         try:
             compiled, secs, err = fut.result()
             body = wp.predict_lowered(lw, compiled, secs, err)
-        except WorkbenchError as e:
-            outcomes[i] = Outcome(spec, "invalid", reason=str(e))
-            tick(label + " (invalid)")
-            continue
         except Exception as e:  # noqa: BLE001 - a compiler failure on one candidate must not end the plan
-            outcomes[i] = Outcome(spec, "invalid", reason=f"compile failed: {type(e).__name__}: "
-                                                          f"{' '.join(str(e).split())[:300]}")
-            tick(label + " (compile failed)")
+            outcomes[i] = Outcome(spec, "invalid", reason=_failure(e, "compile failed"))
+            tick(label + " (invalid)")
             continue
         cost, pred = body.cost, body.prediction
         if key:
@@ -358,10 +358,8 @@ def candidate_outcome(spec: wp.PredictSpec, gpu_compiler: str, use_cache: bool, 
             if hit is not None:
                 return {**hit, "cached": True}
             tp = wp.predict_lowered(lw, *wp.compile_lowered(lw))
-    except WorkbenchError as e:
-        return {"invalid": str(e)}
-    except Exception as e:  # noqa: BLE001 - a compiler failure on one candidate must not end the plan
-        return {"invalid": f"compile failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    except Exception as e:  # noqa: BLE001 - a candidate that fails must not end the plan
+        return {"invalid": _failure(e, "did not lower or compile")}
     entry = {"body": tp.to_record(), "costs": tp.cost.to_dict() if hasattr(tp.cost, "to_dict") else tp.cost,
              "prediction": tp.prediction.to_dict() if hasattr(tp.prediction, "to_dict") else tp.prediction}
     if key:
