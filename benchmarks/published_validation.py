@@ -77,7 +77,8 @@ def validate(run) -> dict:
         predicted_mfu=pred_mfu, published_mfu=pub_mfu,
         mfu_error=(pred_mfu / pub_mfu - 1) if (fits and pred_mfu and pub_mfu) else None,
         bound=body.get("bound"), compute_s=body.get("compute_s"), memory_s=body.get("memory_s"),
-        comm_s=body.get("comm_s"), analytic_floor_s=body.get("analytic_floor_s"),
+        comm_s=body.get("comm_s"), host_s=body.get("host_s"),
+        host_bytes_out_per_device=body.get("host_bytes_out_per_device"), analytic_floor_s=body.get("analytic_floor_s"),
         flop_counts=body.get("flop_counts"), compiler=body.get("compiler"), notes=body.get("notes", [])[:6])
     row.update(_timing(body, time.perf_counter() - t0))
     return row
