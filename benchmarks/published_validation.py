@@ -129,7 +129,7 @@ def _result_cell(r: dict) -> str:
         if oom:
             why = f"the TPU compiler needs {oom.group(1)} of temporaries > {oom.group(2)} HBM"
         return why[:160] if why.startswith(("compile failed", "worker failed")) else f"does not fit: {why[:160]}"
-    terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm") if r.get(k + "_s"))
+    terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm", "host") if r.get(k + "_s"))
     return f"{r['predicted_step_s']:.3g} s ({r.get('bound')}-bound; {terms})"
 
 
