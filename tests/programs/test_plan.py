@@ -85,6 +85,18 @@ def test_candidates_decided_without_compiling_leave_the_budget_to_the_next(resul
 
 
 @needs_libtpu
+def test_a_small_budget_reaches_the_variant_that_fits(results_dir):
+    """No plain program fits (8192 sequences of 1024 on four v5e chips); with six compiles the planner still ranks
+    one: the first pairs' plain programs, then their remat variants, before any further pair's plain program (all
+    plain programs first spent the budget on programs that do not fit and ranked nothing)."""
+    r = wplan.plan("tiny", "tpu-v5e:2x2", batch=8192, seq=1024, max_candidates=6, workers=2, store=False,
+                   use_cache=False)
+    plain = [o for o in r.outcomes if o.spec.remat == "none"]
+    assert len(plain) == wplan.PAIRS_AT_ONCE and all(o.status == "does-not-fit" for o in plain)
+    assert r["compiled_fresh"] == 6 and r["n_feasible"] >= 1 and r["winner"]["remat"] != "none"
+
+
+@needs_libtpu
 def test_a_candidate_that_fails_to_lower_is_listed_not_fatal(results_dir):
     """Splash attention inside a pipeline stage does not trace (JAX's custom-VJP check: the kernel's cotangents are
     not typed as varying over `stage`); the pipelined candidates are listed with JAX's error and the plan goes on."""

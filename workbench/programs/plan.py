@@ -3,8 +3,9 @@
 Candidates = strategies × mesh factorizations × rematerialization (none / per-layer) × microbatches (1, 2, 4 where
 the per-shard batch divides; pipelined strategies: stage counts 2..8 that divide the chips and n_layers, and p, 2p,
 4p pipeline microbatches for p stages, the fewest being their "plain" program). Remat and microbatching only save
-memory, so by default they are compiled only for the strategy × mesh pairs whose plain program does not fit
-(`exhaustive=True` compiles every candidate). Every candidate goes through the same path as `workbench predict`
+memory, so by default they are compiled only for the strategy × mesh pairs whose plain program does not fit, right
+after it (four pairs at a time: `--max-candidates` then reaches the variants that fit even where no plain program
+does; `exhaustive=True` compiles every candidate). Every candidate goes through the same path as `workbench predict`
 (workbench.programs.predict): lowered for the target's devices in this thread (tracing is Python), compiled in a
 thread pool (the XLA compilers release the GIL), then predicted with workbench.roofline.prediction. Candidates whose
 rules cannot shard the model (a head count not divisible by the model axis, say) are listed as invalid with the
@@ -157,6 +158,9 @@ class PlanResult(RecordView):
 
 
 
+PAIRS_AT_ONCE = 4  # strategy × mesh pairs whose plain programs compile before their variants (plan)
+
+
 def _reached_compiler(o: Outcome) -> bool:
     """Whether a candidate was compiled (now, or when its cached outcome was made), as --max-candidates counts."""
     return o.status != "invalid" and bool(o.body) and o.body.get("compile_s") is not None
@@ -225,28 +229,47 @@ def plan(preset: str, target: str | topo.Target, *, batch: int | None = None, se
         if on_progress:
             on_progress(state["done"], max(state["expected"], state["done"]), msg)
 
+    def run(group: list[wp.PredictSpec], pool) -> None:
+        # the budget counts the candidates that reach the compiler: those the rules cannot shard and those whose
+        # state alone overflows HBM are decided while lowering, so the next ones in line take their places
+        while group and (room := budget - sum(1 for o in outcomes if _reached_compiler(o))) > 0:
+            chunk, group = group[:room], group[room:]
+            state["expected"] = max(state["expected"], len(outcomes) + len(chunk))
+            if executor is not None:
+                outcomes.extend(_run_on(executor, chunk, t, gpu_compiler, use_cache, store, tick))
+            else:
+                outcomes.extend(_run(chunk, res, pool, workers, compiler, use_cache, store, tick))
+
+    def variants(tier: int, pairs: set) -> list[wp.PredictSpec]:
+        group = [c for c in cands if tier_of[c] == tier and (c.strategy, c.mesh) in pairs]
+        if exhaustive:
+            return group
+        keep = []
+        for c in group:
+            why = _prune_reason(c, outcomes)
+            if why:
+                pruned.append({"strategy": c.strategy, "mesh": c.mesh, "remat": c.remat,
+                               "microbatches": c.microbatches, "reason": why})
+            else:
+                keep.append(c)
+        return keep
+
+    # PAIRS_AT_ONCE strategy × mesh pairs at a time, each followed by the remat and microbatched variants its plain
+    # program calls for, so that a budget smaller than the candidates still reaches the variants that fit; a fixed
+    # number, not the worker count, so that every back-end compiles the same candidates (exhaustive: every plain
+    # program first, then every variant)
+    plain = [c for c in cands if tier_of[c] == 0]
+    step = len(plain) if exhaustive else PAIRS_AT_ONCE
+    all_pairs = {(c.strategy, c.mesh) for c in cands}
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
-        for tier in (0, 1, 2):
-            group = [c for c in cands if tier_of[c] == tier]
-            if not exhaustive and tier > 0:
-                keep = []
-                for c in group:
-                    why = _prune_reason(c, outcomes)
-                    if why:
-                        pruned.append({"strategy": c.strategy, "mesh": c.mesh, "remat": c.remat,
-                                       "microbatches": c.microbatches, "reason": why})
-                    else:
-                        keep.append(c)
-                group = keep
-            # the budget counts the candidates that reach the compiler: those the rules cannot shard and those whose
-            # state alone overflows HBM are decided while lowering, so the next ones in line take their places
-            while group and (room := budget - sum(1 for o in outcomes if _reached_compiler(o))) > 0:
-                chunk, group = group[:room], group[room:]
-                state["expected"] = max(state["expected"], len(outcomes) + len(chunk))
-                if executor is not None:
-                    outcomes.extend(_run_on(executor, chunk, t, gpu_compiler, use_cache, store, tick))
-                else:
-                    outcomes.extend(_run(chunk, res, pool, workers, compiler, use_cache, store, tick))
+        for start in range(0, len(plain), step):
+            pairs = {(c.strategy, c.mesh) for c in plain[start:start + step]}
+            run(plain[start:start + step], pool)
+            for tier in (1, 2):
+                run(variants(tier, pairs), pool)
+            all_pairs -= pairs
+        for tier in (1, 2):  # variants of a pair without a plain program
+            run(variants(tier, all_pairs), pool)
     elapsed = time.perf_counter() - t0
     result = summarize(preset, t, cands, outcomes, total, elapsed, workers,
                        compiler if t.kind == "gpu" else "libtpu")
