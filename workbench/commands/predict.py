@@ -34,6 +34,10 @@ def summary_rows(r: dict) -> list[dict]:
                      ("predicted_step_s", "predicted step s"), ("tokens_per_s", "tokens/s"),
                      ("predicted_mfu", "predicted MFU"), ("xla_estimate_s", "compiler estimate s"),
                      ("compile_s", "compile s")):
+        if k == "roofline_s" and r.get("host_s"):
+            rows.append({"field": "host transfer term s", "value": f"{fmt(float(r['host_s']))} — "
+                         f"{r['host_bytes_out_per_device'] / 1e9:.3g} GB to host memory, "
+                         f"{r['host_bytes_in_per_device'] / 1e9:.3g} GB back, per device"})
         if r.get(k) is not None:
             unfit = k == "predicted_step_s" and r.get("priced_from")
             rows.append({"field": label + (" (were there room)" if unfit else ""), "value": fmt(float(r[k]))
