@@ -157,7 +157,6 @@ class PlanResult(RecordView):
         return self.record.get("winner")
 
 
-
 PAIRS_AT_ONCE = 4  # strategy × mesh pairs whose plain programs compile before their variants (plan)
 
 
