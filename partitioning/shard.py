@@ -38,6 +38,11 @@ def spec_for(axes, shape, mesh, rules: Rules, what: str = "array") -> PartitionS
             out.append(None)
             continue
         n = math.prod(mesh.shape[a] for a in mesh_axes)
+        if size % n and logical == "kv_heads" and n % size == 0:
+            # fewer key/value heads than tensor-parallel ways: each device keeps them all (MaxText, Megatron: a
+            # grouped-query model replicates its key/value heads over the tensor ranks that share them)
+            out.append(None)
+            continue
         if size % n:
             raise WorkbenchError(
                 f"{what}: dimension {dim} ({logical}={size}) is not divisible by mesh axis "

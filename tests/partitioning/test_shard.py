@@ -163,7 +163,8 @@ def _params_by_hand(cfg) -> dict[str, tuple[tuple[int, ...], tuple]]:
 
 # The rule tables as partitioning/rules.py documents them (logical axis -> mesh axis; parameters only: batch and
 # seq name activations). A dimension takes its mesh axis when the mesh has it and no earlier dimension of the same
-# array took it; the dimension must divide by the axis size.
+# array took it; the dimension must divide by the axis size — except key/value heads fewer than the axis (the axis
+# a multiple of them), which every device keeps whole.
 _TP_RULES = {"heads": "model", "kv_heads": "model", "mlp": "model", "vocab": "model"}
 DOCUMENTED_RULES = {"dp": {}, "fsdp": {"embed": "data"}, "tp": _TP_RULES, "fsdp+tp": {"embed": "data", **_TP_RULES},
                     "sp": _TP_RULES, "ep": {**_TP_RULES, "experts": "expert"}}
@@ -174,7 +175,10 @@ def _shard_by_hand(shape, axes, strategy, mesh_sizes):
     used, spec, shard = set(), [], []
     for size, logical in zip(shape, axes):
         m = DOCUMENTED_RULES[strategy].get(logical)
-        if m in mesh_sizes and m not in used:
+        if logical == "kv_heads" and m in mesh_sizes and size % mesh_sizes[m] and mesh_sizes[m] % size == 0:
+            spec.append(None)
+            shard.append(size)
+        elif m in mesh_sizes and m not in used:
             if size % mesh_sizes[m]:
                 return None, f"{logical}={size}"
             used.add(m)
