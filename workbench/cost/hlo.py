@@ -69,11 +69,7 @@ _ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
 def hbm_bytes(type_str: str) -> float:
     """Bytes of a type's arrays that live in device memory: an array whose layout names a memory space other than
     0 (libtpu's `S(1)`: the on-chip VMEM it prefetches weights into) costs no HBM traffic to write or read."""
-    total = 0.0
-    for dt, dims, layout in _ARRAY_RE.findall(type_str):
-        if dt in DTYPE_BYTES and not (layout and re.search(r"S\([1-9]", layout)):
-            total += Shape(dt, tuple(int(d) for d in dims.split(",") if d)).bytes
-    return total
+    return float(sum(_array_bytes(a) for a in _ARRAY_RE.findall(type_str) if not (a[2] and re.search(r"S\([1-9]", a[2]))))
 
 
 @dataclasses.dataclass

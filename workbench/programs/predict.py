@@ -423,11 +423,16 @@ def _compile(lw: Lowered, keep_oom_hlo: bool):
         compiled, err, hlo = compile_keeping_oom_hlo(lw.lowered)
         if err is None:
             return compiled, time.perf_counter() - t0, None, None
-        return None, time.perf_counter() - t0, " ".join(str(err).strip().split())[:600], hlo
+        return None, time.perf_counter() - t0, _words(err), hlo
     except Exception as e:  # noqa: BLE001
         if is_resource_exhausted(e):
-            return None, time.perf_counter() - t0, " ".join(str(e).strip().split())[:600], None
+            return None, time.perf_counter() - t0, _words(e), None
         raise
+
+
+def _words(e: BaseException) -> str:
+    """The compiler's refusal on one line (the record's `reason` quotes it)."""
+    return " ".join(str(e).strip().split())[:600]
 
 
 # ----------------------------------------------------------------------------------------------- prediction
