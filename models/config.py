@@ -17,6 +17,7 @@ from workbench.errors import WorkbenchError
 MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 OPTIMIZER_SHARDINGS = ("params", "data")
+MASTER_WEIGHTS = ("params", "optimizer")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -92,6 +93,10 @@ class ModelConfig:
     # training: 'params' (the optimizer state sharded as its parameters) | 'data' (also split over the data-parallel
     # replicas: ZeRO-1, Megatron's distributed optimizer; gradients reduce-scattered to each rank's slice)
     optimizer_sharding: str = "params"
+    # 'params' (the parameters are the float32 master weights; the policy casts them for each dot) | 'optimizer'
+    # (the parameters and their gradients kept in the policy's compute dtype, a float32 master copy in the optimizer
+    # state, sharded with it: Megatron's megatron_amp_O2 with its distributed optimizer and grad_sync_dtype=bf16)
+    master_weights: str = "params"
 
     def __post_init__(self):
         # resolve the derived defaults first (frozen: object.__setattr__)
@@ -121,6 +126,9 @@ class ModelConfig:
         if self.optimizer_sharding not in OPTIMIZER_SHARDINGS:
             raise WorkbenchError(f"model config optimizer_sharding={self.optimizer_sharding!r} is not one of "
                                  f"{', '.join(OPTIMIZER_SHARDINGS)}")
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise WorkbenchError(f"model config master_weights={self.master_weights!r} is not one of "
+                                 f"{', '.join(MASTER_WEIGHTS)}")
         if self.attention not in ATTENTIONS:
             raise WorkbenchError(f"model config attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.moe_gmm not in GMM_IMPLS:

@@ -92,13 +92,19 @@ def _einsum_f32_fwd(eq, compute_dtype, rounded, x, w):
     return _product(eq, xc, wc, rounded), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
-def _weight_grad(eq_dw: str, xc, gc):
-    """einsum(eq_dw, xc, gc) in float32: on XLA:CPU with the larger operand second (_weight_grad_cpu); other
-    backends lay out their own dot operands and get the plain product (on TPU the CPU form, swapped operands behind
-    an optimization barrier, made host offloading keep more in HBM: tests/programs/test_tpu_programs.py). Chosen when lowering, per
-    platform (jax.lax.platform_dependent), so an ahead-of-time TPU compile from a CPU host takes the TPU form."""
-    return jax.lax.platform_dependent(xc, gc, cpu=functools.partial(_weight_grad_cpu, eq_dw),
-                                      default=functools.partial(_acc32, eq_dw))
+def _weight_grad(eq_dw: str, xc, gc, out_dtype=F32):
+    """einsum(eq_dw, xc, gc) accumulated in float32: on XLA:CPU with the larger operand second (_weight_grad_cpu);
+    other backends lay out their own dot operands and get the plain product (on TPU the CPU form, swapped operands
+    behind an optimization barrier, made host offloading keep more in HBM: tests/programs/test_tpu_programs.py).
+    Chosen when lowering, per platform (jax.lax.platform_dependent), so an ahead-of-time TPU compile from a CPU host
+    takes the TPU form. There the product is returned in `out_dtype`, the weight's own: a bf16 weight (master
+    weights in the optimizer) gets its gradient rounded by the dot, so the data-parallel reduction that follows
+    runs on bf16, as Megatron's grad_sync_dtype=bf16 does (rounded after a float32 result, XLA may drop the
+    rounding and reduce float32). The CPU returns float32, cast by the caller."""
+    return jax.lax.platform_dependent(
+        xc, gc, cpu=functools.partial(_weight_grad_cpu, eq_dw),
+        default=lambda a, b: jnp.einsum(eq_dw, a, b, preferred_element_type=out_dtype).astype(F32)
+        if out_dtype != F32 else _acc32(eq_dw, a, b))
 
 
 def _weight_grad_cpu(eq_dw: str, xc, gc):
@@ -137,7 +143,7 @@ def _einsum_f32_bwd(eq, compute_dtype, rounded, res, g):
     # the bf16 operand): a tensor-parallel layer's input gradient is then summed over the model axis in bf16, as
     # in MaxText's programs. d/dw reaches the float32 master weight in float32.
     dx = _match_vma(_product(eq_dx, gc, wc, rounded), xc)
-    dw = _match_vma(_weight_grad(eq_dw, xc, gc), wc)
+    dw = _match_vma(_weight_grad(eq_dw, xc, gc, w_proto.dtype if rounded else F32), wc)
     return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype)
 
 

@@ -324,3 +324,65 @@ def test_a_live_deviceless_cublas_matmul_reads_as_the_fixture_does():
     assert "flops" in rep.cost_analysis_unavailable and rep.unpriced_custom_calls == ()
     assert close(rep.flops, 2 * M * N * K)
     assert any(k.library.startswith("__cublas") for k in rep.kernels)
+
+
+_ASYNC_SLICES = """HloModule m
+
+%fused_dynamic_update_slice (p0: bf16[32,8,128], p1: s32[], p2: bf16[8,128]) -> bf16[32,8,128] {
+  %p0 = bf16[32,8,128]{2,1,0} parameter(0)
+  %p2 = bf16[8,128]{1,0} parameter(2)
+  %b = bf16[1,8,128]{2,1,0} bitcast(%p2)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %dus = bf16[32,8,128]{2,1,0} dynamic-update-slice(%p0, %b, %p1, %z, %z)
+}
+
+%fused_dynamic_slice (q0: bf16[32,8,128], q1: s32[]) -> bf16[1,8,128] {
+  %q0 = bf16[32,8,128]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = bf16[1,8,128]{2,1,0} dynamic-slice(%q0, %q1, %z, %z), dynamic_slice_sizes={1,8,128}
+}
+
+ENTRY %main (a: bf16[32,8,128], i: s32[], u: bf16[8,128]) -> (bf16[32,8,128], bf16[1,8,128]) {
+  %a = bf16[32,8,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %u = bf16[8,128]{1,0} parameter(2)
+  %fusion-start = ((bf16[32,8,128]{2,1,0}, s32[], bf16[8,128]{1,0}), bf16[32,8,128]{2,1,0}, u32[]) fusion-start(%a, %i, %u), kind=kLoop, calls=%fused_dynamic_update_slice
+  %fusion-done = bf16[32,8,128]{2,1,0} fusion-done(%fusion-start)
+  %fusion-start.1 = ((bf16[32,8,128]{2,1,0}, s32[]), bf16[1,8,128]{2,1,0}, u32[]) fusion-start(%fusion-done, %i), kind=kLoop, calls=%fused_dynamic_slice
+  %fusion-done.1 = bf16[1,8,128]{2,1,0} fusion-done(%fusion-start.1)
+  ROOT %t = (bf16[32,8,128]{2,1,0}, bf16[1,8,128]{2,1,0}) tuple(%fusion-done, %fusion-done.1)
+}
+"""
+
+
+def _synchronous(text: str) -> str:
+    """The same module with each fusion-start / fusion-done pair written as one plain fusion."""
+    out = []
+    for line in text.splitlines():
+        if "fusion-done(" in line:
+            name, start = line.split(" = ")[0].strip(), line.split("(%")[1].rstrip(")")
+            out.append(f"  {name} = bf16[1,1]{{1,0}} bitcast(%{start})")
+        elif "fusion-start(" in line:
+            head, rest = line.split(" fusion-start(")
+            name = head.split(" = ")[0]
+            result = "bf16[32,8,128]{2,1,0}" if "update" in rest else "bf16[1,8,128]{2,1,0}"
+            out.append(f"{name} = {result} fusion({rest}")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_an_asynchronous_slice_fusion_costs_its_slice_not_the_stacked_buffer():
+    """XLA:GPU runs the dynamic-slice and dynamic-update-slice fusions of a scanned layer stack on a second stream
+    (fusion-start / fusion-done, seen in the optimized HLO of the published NeMo and torchtitan programs). Each is
+    the fusion it calls: the update writes one (8, 128) bf16 slice into the (32, 8, 128) stack in place, the read
+    takes one slice out (2,048 B each way, and the 4-byte index), as the same fusions written synchronously. Read as
+    an opaque op, each cost the whole stack, its operands and result again (~64× per call)."""
+    slice_b, index_b = 8 * 128 * 2, 4
+    async_k = hlo.parse_kernels(_ASYNC_SLICES)
+    sync_k = hlo.parse_kernels(_synchronous(_ASYNC_SLICES))
+    assert [k.kind for k in async_k] == ["kLoop", "kLoop"]
+    assert [(k.bytes_in, k.bytes_out) for k in async_k] == [(k.bytes_in, k.bytes_out) for k in sync_k]
+    assert [(k.bytes_in, k.bytes_out) for k in async_k] == [(slice_b + index_b, slice_b), (slice_b + index_b, slice_b)]

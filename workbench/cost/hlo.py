@@ -129,7 +129,36 @@ def _parse_instr(line: str) -> Instr | None:
     j = _match_paren(rest, k)
     operand_str = rest[k + 1:j - 1]
     operands = re.findall(r"%([\w.\-]+)", operand_str)
+    if opcode == "fusion-start":  # an asynchronous fusion is the fusion it calls (below)
+        opcode, type_str = "fusion", _async_result_type(type_str)
     return Instr(m.group(2), type_str, opcode, operands, rest[j:], bool(m.group(1)), operand_str)
+
+
+def _tuple_elements(type_str: str) -> list[str]:
+    """The top-level elements of a tuple type '(a, (b, c), d)'; [type_str] for an array type."""
+    s = type_str.strip()
+    if not s.startswith("("):
+        return [s]
+    out, depth, start = [], 0, 1
+    for i, c in enumerate(s[1:-1], 1):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append(s[start:i].strip())
+            start = i + 1
+    out.append(s[start:-1].strip())
+    return out
+
+
+def _async_result_type(type_str: str) -> str:
+    """The result of an asynchronous op's start, whose type is ((operands), result, context): XLA:GPU runs
+    dynamic-slice and dynamic-update-slice fusions on a second stream as fusion-start / fusion-done pairs. Read as
+    the plain fusion with that result, the in-place update into a stacked buffer costs its slice (as any fusion's
+    does), not the buffer, its operands again and the context."""
+    parts = _tuple_elements(type_str)
+    return parts[1] if len(parts) == 3 else type_str
 
 
 @dataclasses.dataclass

@@ -6,7 +6,8 @@ target, and the fusion explorer and the benchmarks lower.
     compiled = step.lower(state, batch).compile()
     state, metrics = step(state, batch)         # state is donated
 
-State: {'params': nnx.State (float32 master weights), 'gmeta': nnx.State (fp8 gradient-scaling state, differentiated:
+State: {'params': nnx.State (float32 master weights; with master_weights='optimizer' in the compute dtype and the
+float32 master under opt['master']), 'gmeta': nnx.State (fp8 gradient-scaling state, differentiated:
 its "gradient" is its new value; empty for other policies), 'rest': nnx.State (other variables, e.g. fp8 forward
 scales, router biases), 'opt': optax state (AdamW moments sharded like their parameters; with
 optimizer_sharding='data' also split over the data-parallel replicas, ZeRO-1), 'step': int32}.
@@ -192,11 +193,31 @@ class _StepFunctions:
         if self.pipe is not None:  # the same parameters, the stacked layer axis in stage order
             nnx.update(model.blocks, pp.to_stage_order(nnx.state(model.blocks), self.pipe, self.cfg.n_layers))
         _, params, gmeta, rest = nnx.split(model, nnx.Param, self.gm, ...)
-        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": self.tx.init(params),
-                 "step": jnp.zeros((), jnp.int32)}
+        opt = self.tx.init(params)
+        if self.master_in_optimizer:  # the float32 values become the master copy; the parameters narrow
+            opt = {"master": params, "tx": opt}
+            params = jax.tree.map(lambda x: x.astype(self.policy.compute_dtype), params)
+        state = {"params": params, "gmeta": gmeta, "rest": rest, "opt": opt, "step": jnp.zeros((), jnp.int32)}
         if self.policy.loss_scaling is not None:
             state["loss_scale"] = self.policy.loss_scaling.init()
         return state
+
+    @property
+    def master_in_optimizer(self) -> bool:
+        return self.cfg.master_weights == "optimizer"
+
+    def update(self, params, opt, grads):
+        """-> (new params, new optimizer state): AdamW on float32 values. With the master weights in the optimizer
+        the compute-dtype gradients (already reduced, or reduce-scattered, in that dtype) widen to float32, update
+        the master copy, and the parameters are the master rounded to the compute dtype."""
+        if not self.master_in_optimizer:
+            updates, opt = self.tx.update(grads, opt, params)
+            return optax.apply_updates(params, updates), opt
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        updates, inner = self.tx.update(grads, opt["tx"], opt["master"])
+        master = optax.apply_updates(opt["master"], updates)
+        params = jax.tree.map(lambda m, p: m.astype(p.dtype), master, params)
+        return params, {"master": master, "tx": inner}
 
     def apply_model(self, model, tokens_bt):
         return model(tokens_bt) if self.pipe is None else pp.forward(model, tokens_bt, self.pipe, self.mesh)
@@ -256,13 +277,13 @@ class _StepFunctions:
                 grads, new_state["loss_scale"], finite = loss_scaling.unscale_and_check(grads, ls_state)
             if self.grad_shardings is not None:  # reduce-scattered to the optimizer state's slices
                 grads = jax.lax.with_sharding_constraint(grads, self.grad_shardings)
-            updates, opt = self.tx.update(grads, state["opt"], state["params"])
-            params = optax.apply_updates(state["params"], updates)
+            params, opt = self.update(state["params"], state["opt"], grads)
             if finite is not None:  # fp16 overflow: skip the update, keep the old state
                 keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
                 params, opt = keep(params, state["params"]), keep(opt, state["opt"])
             new_state.update(params=params, gmeta=gmeta, rest=rest, opt=opt, step=state["step"] + 1)
-            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
+            grad_norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+            metrics = {"loss": loss, "grad_norm": grad_norm, **{f"aux_{k}": v for k, v in aux.items()}}
             return new_state, metrics
 
     def eval_step(self, params, gmeta, rest, batch):
@@ -293,6 +314,10 @@ def build_train_step(cfg: ModelConfig, *, policy="float32", mesh, strategy, batc
     (scan_layers=true) and stored in stage order (models/pipeline.py).
     """
     policy = get_policy(policy)
+    if cfg.master_weights == "optimizer" and jnp.dtype(policy.compute_dtype).itemsize >= 4:
+        raise WorkbenchError(f"master_weights=optimizer keeps the parameters in the policy's compute dtype, and "
+                             f"policy {policy.name} computes in {jnp.dtype(policy.compute_dtype).name}: choose a "
+                             "bf16 or fp8 policy (--policy bf16), or master_weights=params")
     rules = get_rules(strategy)
     pipe, cfg = pipeline_for(cfg, rules, int(dict(mesh.shape).get(pp.STAGE_AXIS, 1)), microbatches, pipeline_repeats,
                              pipeline_schedule, batch_size, policy)

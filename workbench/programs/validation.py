@@ -50,9 +50,10 @@ class PublishedRun:
 
     @property
     def megatron(self) -> bool:
-        """NeMo runs Megatron-LM: its vocabulary padding, its 1F1B pipeline schedule and its distributed optimizer
+        """NeMo runs Megatron-LM: its vocabulary padding, its 1F1B pipeline schedule, its distributed optimizer
         (NeMo-Framework-Launcher's training configs, e.g. conf/training/llama/llama3_8b.yaml: `optim.name:
-        distributed_fused_adam`; llama3_70b.yaml: `mcore_distributed_optim`)."""
+        distributed_fused_adam`; llama3_70b.yaml: `mcore_distributed_optim`) and its O2 mixed precision (the same
+        files: `megatron_amp_O2: true`)."""
         return self.row["framework"].startswith("NeMo")
 
     def overrides(self) -> str:
@@ -61,8 +62,10 @@ class PublishedRun:
         kv = [f"{k}={int(r[k])}" for k in keys] + [f"vocab_size={self.vocab_size()}"]
         kv += [f"mlp={MLP_HERE[r['mlp']]}", f"tie_embeddings={r['tie_embeddings']}", f"seq_len={int(r['seq'])}",
                "scan_layers=true"]  # MaxText's default scan_layers=True; compile time independent of depth
-        if self.megatron:  # NeMo's distributed optimizer: the Adam state split over the data-parallel ranks
-            kv.append("optimizer_sharding=data")
+        if self.megatron:  # NeMo's distributed optimizer: the Adam state split over the data-parallel ranks, and
+            # megatron_amp_O2 (bf16 parameters and gradients, grad_sync_dtype=bf16 in NeMo-Framework-Launcher's
+            # examples/training/llama/h100/*.sh): the float32 master weights live in that optimizer state
+            kv += ["optimizer_sharding=data", "master_weights=optimizer"]
         return ",".join(kv)
 
     def policy(self) -> str:
