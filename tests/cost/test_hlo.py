@@ -359,3 +359,45 @@ def test_a_kernels_footprint_is_its_whole_arrays_not_the_slices_it_moves():
     ks = [k for k in hlo.parse_kernels(f.lower(stacked, i).compile().as_text()) if k.bytes]
     k = max(ks, key=lambda k: k.footprint)
     assert k.bytes_in < 2 * 128 * 128 * 4 and k.footprint >= 16 * 128 * 128 * 4
+
+
+BITCAST_SLICES = """HloModule m
+
+%fused_read (p0: bf16[20,64,32], p1: s32[]) -> f32[32,1,64] {
+  %p0 = bf16[20,64,32]{1,0,2} parameter(0)
+  %b = bf16[32,20,64]{2,1,0} bitcast(%p0)
+  %z = s32[] constant(0)
+  %p1 = s32[] parameter(1)
+  %ds = bf16[32,1,64]{2,1,0} dynamic-slice(%b, %z, %p1, %z), dynamic_slice_sizes={32,1,64}
+  ROOT %c = f32[32,1,64]{2,1,0} convert(%ds)
+}
+
+%fused_write (q0: bf16[20,64,32], q1: s32[], q2: bf16[32,1,64]) -> bf16[32,20,64] {
+  %q0 = bf16[20,64,32]{1,0,2} parameter(0)
+  %b = bf16[32,20,64]{2,1,0} bitcast(%q0)
+  %q2 = bf16[32,1,64]{2,1,0} parameter(2)
+  %z = s32[] constant(0)
+  %q1 = s32[] parameter(1)
+  ROOT %dus = bf16[32,20,64]{2,1,0} dynamic-update-slice(%b, %q2, %z, %q1, %z)
+}
+
+ENTRY %main (w: bf16[20,64,32], i: s32[], u: bf16[32,1,64]) -> (f32[32,1,64], bf16[32,20,64]) {
+  %w = bf16[20,64,32]{1,0,2} parameter(0)
+  %i = s32[] parameter(1)
+  %u = bf16[32,1,64]{2,1,0} parameter(2)
+  %r = f32[32,1,64]{2,1,0} fusion(%w, %i), kind=kLoop, calls=%fused_read
+  %x = bf16[32,20,64]{2,1,0} fusion(%w, %i, %u), kind=kLoop, calls=%fused_write
+  ROOT %t = (f32[32,1,64]{2,1,0}, bf16[32,20,64]{2,1,0}) tuple(%r, %x)
+}
+"""
+
+
+def test_a_slice_of_a_bitcast_stack_reads_the_slice_and_an_update_writes_in_place():
+    """XLA:GPU relabels a pipeline stage's stacked weight (20 layers) with a bitcast before taking one layer's slice,
+    and updates a stack through one: the bitcast moves no bytes, so the read costs one layer (32 × 64 bf16 = 4 KiB,
+    and the 4-byte index) and the update writes its slice in place, as without the bitcast. Counted whole, each
+    call cost the 80 KiB stack."""
+    layer, index = 32 * 64 * 2, 4
+    read, write = hlo.parse_kernels(BITCAST_SLICES)
+    assert (read.bytes_in, read.bytes_out) == (layer + index, 32 * 64 * 4)
+    assert (write.bytes_in, write.bytes_out) == (index + layer, layer)

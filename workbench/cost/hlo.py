@@ -952,20 +952,32 @@ def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: fl
     for name, idx in params.items():
         if idx is None or idx >= len(by):
             continue
-        us = users.get(name, [])
-        if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == name for u in us):
-            by[idx] = sum(u.out_bytes for u in us)
+        us = _readers(name, users)
+        if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == via for u, via in us):
+            by[idx] = sum(u.out_bytes for u, _ in us)
     root = next((i for i in body if i.is_root), None)
     if root is not None and root.opcode == "tuple" and any(_collective_kind(i.opcode) for i in body):
         return _in_flight_traffic(body, root, params, users, by, out_bytes)
     # a root scatter updates its operand in place like a dynamic-update-slice: scatter(buffer, indices, updates)
     if root is not None and root.opcode in ("dynamic-update-slice", "scatter") and len(root.operands) > 1:
         buf, upd = root.operands[0], root.operands[-1 if root.opcode == "scatter" else 1]
+        local = {i.name: i for i in body}
+        while buf in local and local[buf].opcode == "bitcast" and local[buf].operands:  # the same buffer, relabelled
+            buf = local[buf].operands[0]
         if buf in params and params[buf] is not None and params[buf] < len(by):
             by[params[buf]] = 0.0  # aliased in place
         upd_bytes = shapes[upd].bytes if upd in shapes else out_bytes
         return sum(by), upd_bytes
     return sum(by), out_bytes
+
+
+def _readers(name: str, users: dict[str, list[Instr]]) -> list[tuple[Instr, str]]:
+    """The ops that read `name` inside a fusion, seen through bitcasts (a relabelling of the same bytes: XLA:GPU
+    bitcasts a stacked weight to the layout its slice is taken in), each with the name it reads."""
+    out = []
+    for u in users.get(name, []):
+        out += _readers(u.name, users) if u.opcode == "bitcast" else [(u, name)]
+    return out
 
 
 def _in_flight_traffic(body: list[Instr], root: Instr, params: dict, users: dict, by: list[float],
