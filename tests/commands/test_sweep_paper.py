@@ -120,14 +120,19 @@ def test_query_filters_kind_sweep_since_and_spec(tmp_path):
 
 @pytest.mark.compile_heavy
 def test_notebooks_execute_on_a_small_store(tmp_path):
-    """Every notebook runs headless against a store of real records (a TPU-predicted op sweep, precision errors)
-    and writes its figures (PDF + PNG) and tables (.tex + .md), each naming its commit and records."""
+    """Every notebook runs headless against a store of real records (a TPU-predicted op sweep, precision errors, a
+    model served on the host) and writes its figures (PDF + PNG) and tables (.tex + .md), each naming its commit and
+    records."""
     f = tmp_path / "s.toml"
     f.write_text(GRID.format(name="nb", ms="128, 256"))
     assert _sweep(tmp_path, str(f)).returncode == 0
     env = _env(tmp_path)
     p = subprocess.run([sys.executable, "-m", "workbench", "precision", "error", "--policies", "float32,bf16",
                         "--m", "32", "--k", "64", "--n", "32", "--steps", "1", "--record", "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-500:]
+    p = subprocess.run([sys.executable, "-m", "workbench", "serve", "--preset", "tiny", "--target", "host", "--batch",
+                        "1,2", "--prompt-len", "16", "--gen-len", "8", "--quant", "int8", "--json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-500:]
     out = tmp_path / "paper"
@@ -144,6 +149,8 @@ def test_notebooks_execute_on_a_small_store(tmp_path):
         assert text.startswith("% provenance: commit ") and r"\toprule" in text
     prec = open(out / "tables" / "precision_error.tex").read()
     assert "float32" in prec and "bf16" in prec and "2 records" in prec
+    serving = open(out / "tables" / "serving.md").read()
+    assert "tiny · host int8 | 1 |" in serving and "tiny · host int8 | 2 |" in serving, serving
     for pdf in res["figures"]:
         assert os.path.getsize(pdf) > 1000 and os.path.exists(pdf[:-4] + ".png")
 

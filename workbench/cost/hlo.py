@@ -561,6 +561,7 @@ ZERO_FLOP_CUSTOM_CALLS = frozenset({
     "AsyncCollectiveStart", "AsyncCollectiveDone",  # libtpu's async collective halves (parse_collectives)
     "X64Combine", "X64SplitLow", "X64SplitHigh",  # libtpu: 64-bit values as two 32-bit halves
     "PadToStatic", "SliceToDynamic",  # dynamic-shape plumbing
+    "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked",  # libtpu: a gather's or scatter's index hints
     "__cub$DeviceRadixSort", "TopK", "__gpu$TopK",  # sorts and selections: compares, no flops (as for `sort`)
 })
 # libraries whose calls return a scratch buffer as the last tuple element (u8/s8 vector): not traffic

@@ -753,9 +753,8 @@ def _src(hw, key: str) -> str:
 
 def explain_bottleneck(pred, step: float, floor_s: float) -> str:
     """One line: which term sets the step time."""
-    terms = {"compute": pred.compute_s, "memory (HBM)": pred.memory_s, "communication": pred.comm_s}
-    if pred.host_s:
-        terms["host transfer"] = pred.host_s
+    terms = {("memory (HBM)" if k == "memory" else k): v for k, v in pred.terms.items()
+             if v or k != "host transfer"}  # the host link only where the program offloads
     name, t = max(terms.items(), key=lambda kv: kv[1])
     others = ", ".join(f"{k} {v:.3g}s" for k, v in terms.items() if k != name)
     if floor_s >= pred.predicted_s:

@@ -98,6 +98,9 @@ def serve(spec: ServeSpec, say: Callable[[str], None] = SAY) -> dict:
     out["knee"] = knee(out.pop("_decode_points"), out["ridge"], spec.batches)
     firsts = [r["batch"] for r in out["batches"] if r["decode"]["bound"] == "compute"]
     out["compute_bound_batch"] = firsts[0] if firsts else None
+    # one record of the whole answer (per-batch latency and throughput, the knee, quality, speculation) for the
+    # serving study (notebooks/serving.py); each phase's program has its own record too ('serve' or 'predict')
+    Store().append(make_record("serve-run", spec.to_dict(), extra=out, seed=spec.seed))
     return out
 
 

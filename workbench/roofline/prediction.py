@@ -70,15 +70,23 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def terms(self) -> dict[str, float]:
+        """The step's terms by name (`bound` is the largest)."""
+        return step_terms(self.compute_s, self.memory_s, self.comm_s, self.host_s)
+
     def explain(self) -> str:
         """One line: what bounds the program and by how much."""
-        terms = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.comm_s,
-                 "host transfer": self.host_s}
-        ordered = sorted(terms.items(), key=lambda kv: -kv[1])
+        ordered = sorted(self.terms.items(), key=lambda kv: -kv[1])
         (b, tb), (s, ts) = ordered[0], ordered[1]
         ratio = f"{tb / ts:.1f}× the {s} term" if ts > 0 else "the only non-zero term"
         return (f"{b}-bound on {self.target}: {b} {tb:.3g}s is {ratio}; intensity {self.intensity:.3g} FLOP/B vs "
                 f"ridge {self.ridge:.3g}")
+
+
+def step_terms(compute_s: float, memory_s: float, comm_s: float, host_s: float) -> dict[str, float]:
+    """The terms a step's time is the largest of (overlapped): one list for `bound`, `explain` and the bottleneck."""
+    return {"compute": compute_s, "memory": memory_s, "communication": comm_s, "host transfer": host_s}
 
 
 def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1) -> tuple[float, float]:
@@ -170,7 +178,7 @@ def predict(cost: CostReport, spec: HardwareSpec, *, dtype=None, simulated_mesh:
         t_kernels += spec.measured.call_overhead_s
         notes.append(f"includes the measured per-call overhead {spec.measured.call_overhead_s * 1e6:.0f} µs")
     t_host = _host_transfer_seconds(cost, spec, notes)
-    terms = {"compute": t_compute, "memory": t_mem, "communication": t_comm, "host transfer": t_host}
+    terms = step_terms(t_compute, t_mem, t_comm, t_host)
     band, pred_band = _bandwidth_band(cost, spec, bw, dtype, simulated_mesh, torus_axes)
     return Prediction(
         target=spec.name, scope="whole_mesh_on_host" if simulated_mesh else "per_device", dtype=d, peak_dtype=pdt,
