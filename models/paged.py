@@ -3,19 +3,34 @@ sequence's positions to pages, so a sequence holds only the pages its tokens fil
 
     cache = init_paged(model, batch_size=4, max_len=256, page_size=16, n_pages=40)
     logits, cache = paged_forward(model, tokens_bt, cache)     # then advance cache["lengths"] as the caller decides
+    logits, cache = paged_decode(model, tokens_b1, cache)      # one token per row by JAX's Pallas TPU kernel
 
-This is the page-table gather form: a step gathers each row's pages into the contiguous layout of
-models/inference.py, runs the same cached forward pass, and writes the new keys/values back into their pages. It is
-equal to the contiguous cache (tests/models/test_serving.py) and costs a gather of the cache per step; what it buys is
-memory: `reserved_bytes` against a contiguous cache that reserves max_len positions for every slot.
+A layer's pool is laid out (n_kv_heads, n_pages, page_size, head_dim), as JAX's Pallas TPU paged attention reads it
+(jax.experimental.pallas.ops.tpu.paged_attention). Two forms of a step:
+- `paged_forward`, the page-table gather form (any backend, any number of new tokens): it gathers each row's pages
+  into the contiguous layout of models/inference.py, runs the same cached forward pass, and writes the new
+  keys/values back into their pages. It costs a gather of the cache per step; what it buys is memory
+  (`reserved_bytes` against a contiguous cache that reserves max_len positions for every slot).
+- `paged_decode`, the kernel form (one new token per row): each layer writes its new key/value into its page and
+  attends over the row's pages in place with JAX's Pallas kernel (compiled by Mosaic for a TPU; `interpret=True`,
+  or pallas' TPU interpret mode, runs it on the CPU for tests). Under a mesh it runs per device in shard_map: rows
+  split as the strategy splits the batch, heads as it splits them, and each batch shard owns a contiguous block of
+  the pool (init_paged's table gives row r the pages [r·P, (r + 1)·P), so a shard's rows find their pages in its
+  block).
+Both equal the contiguous cache (tests/models/test_serving.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from models import inference
+from partitioning.shard import current, spec_for
+from workbench import compat
 from workbench.errors import WorkbenchError
 
 
@@ -34,7 +49,7 @@ def init_paged(model, batch_size: int, max_len: int, page_size: int, n_pages: in
     if n_pages < per_row:
         raise WorkbenchError(f"{n_pages} pages cannot hold one sequence of {max_len} positions")
     dtype = inference.compute_dtype_of(model)
-    shape = (n_pages, cfg.n_kv_heads, page_size, cfg.head_dim)
+    shape = (cfg.n_kv_heads, n_pages, page_size, cfg.head_dim)
     table = (jnp.arange(batch_size * per_row, dtype=jnp.int32) % n_pages).reshape(batch_size, per_row)
     return {"k": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
             "v": [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
@@ -42,19 +57,24 @@ def init_paged(model, batch_size: int, max_len: int, page_size: int, n_pages: in
 
 
 def _gather(pool, table):
-    """(n_pages, k, page, h) pages -> (b, k, pages·page, h): each row's pages in its table's order."""
-    g = pool[table]  # (b, P, k, page, h)
-    b, p, k, ps, h = g.shape
-    return jnp.transpose(g, (0, 2, 1, 3, 4)).reshape(b, k, p * ps, h)
+    """(k, n_pages, page, h) pages -> (b, k, pages·page, h): each row's pages in its table's order."""
+    g = pool[:, table]  # (k, b, P, page, h)
+    k, b, p, ps, h = g.shape
+    return jnp.transpose(g, (1, 0, 2, 3, 4)).reshape(b, k, p * ps, h)
 
 
-def _scatter(pool, table, view_bksh, lengths_b, t: int):
-    """Write positions [length, length + t) of each row's contiguous view back into its pages."""
-    page = pool.shape[2]
+def _write(pool, table, new_btkh, lengths_b):
+    """Write each row's t new keys (or values) at positions [length, length + t) into their pages."""
+    page, t = pool.shape[2], new_btkh.shape[1]
     pos_bt = lengths_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    new_btkh = jnp.take_along_axis(jnp.transpose(view_bksh, (0, 2, 1, 3)), pos_bt[:, :, None, None], axis=1)
     pages_bt = jnp.take_along_axis(table, pos_bt // page, axis=1)
-    return pool.at[pages_bt, :, pos_bt % page, :].set(new_btkh)
+    return pool.at[:, pages_bt, pos_bt % page, :].set(jnp.transpose(new_btkh, (2, 0, 1, 3)).astype(pool.dtype))
+
+
+def _new_entries(view_bksh, lengths_b, t: int):
+    """The t positions from each row's length out of its contiguous view: (b, t, k, h)."""
+    pos_bt = lengths_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    return jnp.take_along_axis(jnp.transpose(view_bksh, (0, 2, 1, 3)), pos_bt[:, :, None, None], axis=1)
 
 
 def paged_forward(model, tokens_bt, cache: dict, last_b=None):
@@ -65,8 +85,99 @@ def paged_forward(model, tokens_bt, cache: dict, last_b=None):
     logits, new = inference.forward(model, tokens_bt, view, last_b=last_b)
     out = dict(cache)
     for name in ("k", "v"):
-        out[name] = [_scatter(p, cache["page_table"], nv, cache["lengths"], t) for p, nv in zip(cache[name], new[name])]
+        out[name] = [_write(p, cache["page_table"], _new_entries(nv, cache["lengths"], t), cache["lengths"])
+                     for p, nv in zip(cache[name], new[name])]
     return logits, out
+
+
+# ------------------------------------------------------------------------------------------------- the kernel form
+
+
+def kernel_block(pages_per_row: int, page_size: int, target: int = 512) -> int:
+    """Pages per compute block of the Pallas kernel: the largest divisor of the row's pages that keeps a block
+    within `target` positions (at least one page)."""
+    best = 1
+    for d in range(1, pages_per_row + 1):
+        if pages_per_row % d == 0 and d * page_size <= max(target, page_size):
+            best = d
+    return best
+
+
+def _attend_local(q_bnh, k_new_bkh, v_new_bkh, k_pool, v_pool, lengths_b, table, *, interpret: bool, row_axes=None):
+    """One device's rows: write the new key/value at each row's length, then attend over its pages with the Pallas
+    kernel (lengths + 1 positions: the cache and the new token). Pages in `table` are global; split over the batch
+    (`row_axes`), this shard's block of the pool starts at its index × its pool's pages."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    local = table - jax.lax.axis_index(row_axes) * k_pool.shape[1] if row_axes else table
+    k_pool = _write(k_pool, local, k_new_bkh[:, None], lengths_b)
+    v_pool = _write(v_pool, local, v_new_bkh[:, None], lengths_b)
+    block = kernel_block(table.shape[1], k_pool.shape[2])
+    call = functools.partial(paged_attention, pages_per_compute_block=block)
+    if interpret:
+        from jax.experimental import pallas as pl  # noqa: F401  (the TPU interpret mode below)
+        from jax.experimental.pallas import tpu as pltpu
+
+        with pltpu.force_tpu_interpret_mode():
+            o = call(q_bnh, k_pool, v_pool, lengths_b + 1, local)
+    else:
+        o = call(q_bnh, k_pool, v_pool, lengths_b + 1, local)
+    return o, k_pool, v_pool
+
+
+def _attend(q_bnh, k_bkh, v_bkh, k_pool, v_pool, lengths_b, table, interpret: bool):
+    """_attend_local per device under an activation-sharding context (shard_map: rows as the strategy splits the
+    batch, heads as it splits them, the pool's pages with the rows), on the whole arrays otherwise."""
+    fn = functools.partial(_attend_local, interpret=interpret)
+    ctx = current()
+    if ctx is None:
+        return fn(q_bnh, k_bkh, v_bkh, k_pool, v_pool, lengths_b, table)
+    mesh, rules = ctx
+    b, n, kh = q_bnh.shape[0], q_bnh.shape[1], k_bkh.shape[1]
+    q_spec = tuple(spec_for(("batch", "heads"), (b, n), mesh, rules, what="paged attention query")) + (None,) * 2
+    kv_spec = tuple(spec_for(("batch", "kv_heads"), (b, kh), mesh, rules, what="paged attention key")) + (None,) * 2
+    if kv_spec[1] != q_spec[1]:
+        raise WorkbenchError(f"the paged attention kernel needs the {kh} key/value heads split as the {n} query heads "
+                             f"are ({q_spec[1]} against {kv_spec[1]}); use a tensor-parallel size that divides "
+                             f"{kh}, or serve without --paged")
+    rows, heads = q_spec[0], q_spec[1]
+    fn_map = compat.shard_map(
+        functools.partial(fn, row_axes=rows), mesh=mesh,
+        in_specs=(P(rows, heads, None), P(rows, heads, None), P(rows, heads, None), P(heads, rows, None, None),
+                  P(heads, rows, None, None), P(rows), P(rows, None)),
+        out_specs=(P(rows, heads, None), P(heads, rows, None, None), P(heads, rows, None, None)),
+        axis_names=frozenset(mesh.axis_names), check_vma=False)
+    return fn_map(q_bnh, k_bkh, v_bkh, k_pool, v_pool, lengths_b, table)
+
+
+def paged_decode(model, tokens_b1, cache: dict, interpret: bool = False):
+    """One new token per row over a paged cache, attention by JAX's Pallas TPU paged kernel (the module docstring):
+    (logits (b, 1, v), cache with the new keys/values in their pages; `lengths` unchanged)."""
+    cfg = model.cfg
+    if cfg.scan_layers:
+        raise WorkbenchError("the paged cache serves unrolled layers (models.inference.unrolled)")
+    if tokens_b1.ndim == 1:
+        tokens_b1 = tokens_b1[:, None]
+    if tokens_b1.shape[1] != 1 or cache["k"][0].dtype not in (jnp.float32, jnp.bfloat16):
+        raise WorkbenchError("the paged attention kernel decodes one token per row over a float32 or bf16 cache; "
+                             "use paged_forward for prefill or a quantized cache")
+    lengths_b, table = cache["lengths"], cache["page_table"]
+    positions_b1 = lengths_b[:, None]
+    rd = model.residual_dtype
+    x_btd = model.embed(tokens_b1, positions_b1).astype(rd)
+    ks, vs = [], []
+    for block, k_pool, v_pool in zip(model.blocks, cache["k"], cache["v"]):
+        q_btnh, k_btkh, v_btkh = block.attn.project_qkv(block.norm_attn(x_btd), positions_b1)
+        scale = 1.0 / math.sqrt(q_btnh.shape[-1])
+        q_bnh = (q_btnh[:, 0] * scale).astype(q_btnh.dtype)
+        o_bnh, k_pool, v_pool = _attend(q_bnh, k_btkh[:, 0], v_btkh[:, 0], k_pool, v_pool, lengths_b, table,
+                                        interpret)
+        x_btd = x_btd + block.attn.out(o_bnh[:, None].astype(q_btnh.dtype)).astype(jnp.float32)
+        y_btd, _ = block.mlp(block.norm_mlp(x_btd))
+        x_btd = (x_btd + y_btd.astype(jnp.float32)).astype(rd)
+        ks.append(k_pool)
+        vs.append(v_pool)
+    return model.head(x_btd), dict(cache, k=ks, v=vs)
 
 
 def reserved_bytes(model_cfg, n_positions: int, dtype_bytes: int) -> int:

@@ -11,6 +11,8 @@ from models import inference
 from models.presets import get_config
 from models.serving import Engine, Request, Sampling, Steps, greedy_generate, sample, speculative_generate, weight_bytes
 from models.transformer import Transformer
+from partitioning import topology as topo
+from workbench.cost import hlo
 from workbench.errors import WorkbenchError
 from workbench.testing import assert_close
 
@@ -144,6 +146,68 @@ def test_paged_cache_equals_the_contiguous_one():
         pc["lengths"] = cc["lengths"] = cc["lengths"] + 1
     frag = paged.fragmentation([(5, 0, 3), (30, 0, 10), (8, 4, 12)], slots=2, max_len=64, page_size=4)
     assert frag["paged_positions_peak"] < frag["contiguous_positions"]
+
+
+def test_the_paged_attention_kernel_decodes_like_the_contiguous_cache():
+    """JAX's Pallas TPU paged attention (TPU interpret mode on the CPU) over a shuffled page table, rows of different
+    lengths, grouped-query heads: each decode step's logits equal the contiguous cache's (to the kernel's matmul
+    precision), and the pages hold the same keys and values as the gather form writes."""
+    from models import paged
+
+    model = inference.unrolled(_model(LLAMA_TINY + ",head_dim=128"))
+    tok = jax.random.randint(jax.random.key(6), (2, 14), 0, 256).astype(jnp.int32)
+    lengths = jnp.array([6, 10], jnp.int32)
+    table = jnp.asarray(np.random.default_rng(1).permutation(16).reshape(2, 8), jnp.int32)
+    pk = paged.init_paged(model, 2, 32, page_size=4)
+    pk["page_table"] = table
+    cc = inference.init_cache(model, 2, 32)
+    _, pk = paged.paged_forward(model, tok[:, :10], pk)
+    _, cc = inference.forward(model, tok[:, :10], cc)
+    pg = dict(pk)
+    pk["lengths"] = pg["lengths"] = cc["lengths"] = lengths
+    for i in range(10, 13):
+        lk, pk = paged.paged_decode(model, tok[:, i], pk, interpret=True)
+        lg, pg = paged.paged_forward(model, tok[:, i:i + 1], pg)
+        lc, cc = inference.forward(model, tok[:, i:i + 1], cc)
+        # the kernel's products are not float32-exact (interpret mode as on a TPU at its default matmul precision:
+        # 8e-3 on unit-scale inputs against a float64 reference, as bf16 operands give): the bf16 tolerance
+        assert_close(lk, lc, "bfloat16")
+        assert_close(lg, lc, "float32")
+        for layer, (a, b) in enumerate(zip(pk["k"] + pk["v"], pg["k"] + pg["v"])):
+            # the first layer's new keys and values come from the embedding alone; later ones carry the difference
+            assert_close(a, b, "float32" if layer % len(pk["k"]) == 0 else "bfloat16")
+        pk["lengths"] = pg["lengths"] = cc["lengths"] = cc["lengths"] + 1
+    with pytest.raises(WorkbenchError, match="one token per row"):
+        paged.paged_decode(model, tok[:, :2], pk, interpret=True)
+
+
+@pytest.mark.compile_heavy
+@pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
+def test_a_tpu_decode_step_attends_its_pages_with_one_priced_kernel_per_layer():
+    """Compiled by libtpu for tpu-v5e:2x2 (deviceless, tp: each chip one of the 4 heads): the paged decode step runs
+    one Pallas paged-attention kernel per layer, priced by the analytic count (marked as such), its bytes those of
+    the contiguous cache's decode within 10 % (the pages are read once, as the cache is), and it fits."""
+    from workbench.programs import predict as wp
+
+    topo.setup_target_devices("tpu-v5e:2x2")
+
+    def run(page_size):
+        spec = wp.PredictSpec("tiny", "tpu-v5e:2x2", "tp", batch=8, seq=64, mode="decode", overrides="head_dim=128",
+                              page_size=page_size)
+        lw = wp.lower(spec)
+        compiled, secs, err = wp.compile_lowered(lw)
+        assert err is None, err
+        return wp.predict_lowered(lw, compiled, secs), compiled.as_text()
+
+    (pg, text), (cont, _) = run(16), run(0)
+    calls = [u for u in hlo.custom_calls(text) if u.target == "tpu_custom_call"]
+    assert len(calls) == 1 and calls[0].count == 2 and calls[0].priced and calls[0].analytic, calls
+    assert "paged attention" in calls[0].note and "tpu_custom_call" not in pg.record["unpriced_custom_calls"]
+    kernel = sum(k.flops * k.count for k in pg.cost.kernels if k.library == "tpu_custom_call")
+    rows, heads, positions, h = 8, 1, 64, 128  # per chip: every row, one of the 4 heads, 4 pages of 16
+    assert kernel == 2 * (2 * 2 * rows * heads * positions * h + rows * heads * positions)
+    kernel_bytes = lambda p: sum(k.bytes * k.count for k in p.cost.kernels)  # the reader's: updates in place
+    assert pg.record["fits"] and abs(kernel_bytes(pg) / kernel_bytes(cont) - 1) < 0.1
 
 
 def test_speculative_sampling_keeps_the_target_distribution():

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
                                                "stream: 'synthetic' or a JSON-lines file of {prompt, max_new}"),
         checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="host: serve the weights `workbench run "
                                                  "--checkpoint-dir DIR` saved (its newest step)"),
-        paged: bool = typer.Option(False, "--paged", help="host: decode over a paged KV cache (page-table gather)"),
+        paged: bool = typer.Option(False, "--paged", help="decode over a paged KV cache (host: the page-table gather form; "
+                                   "TPU targets: JAX's Pallas paged attention kernel)"),
         page_size: int = typer.Option(16, "--page-size", help="positions per page of the paged cache"),
         temperature: float = typer.Option(0.0, "--temperature", help="host: sampling temperature of speculation "
                                           "(exact rejection sampling) and continuous batching; 0: greedy"),

@@ -770,6 +770,35 @@ def splash_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     return CallCost(dots + trans, trans, dots, (product / 2.0) ** (1.0 / 3.0), note)
 
 
+PAGED_KERNEL = re.compile(r"\bpaged_attention\b")  # JAX's Pallas TPU paged attention (models/paged.py)
+
+
+def paged_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
+    """JAX's Pallas TPU paged attention kernel (decode: one query per row), priced analytically: its operands are
+    the lengths, the page table (rows × pages per row, flattened), the query (rows, heads, [1,] head_dim) and the
+    key and value pages (kv heads, pages, page size, head_dim). Each query head scores and mixes every position of
+    its row's pages (pages per row × page size: the whole reserved context, the bound of a decode against a full
+    cache): two products of 2·positions·head_dim flops, one exponential per score. None when the operands cannot be
+    read."""
+    op_name = re.search(r'op_name="([^"]+)"', ins.attrs)
+    if not (PAGED_KERNEL.search(ins.name) or (op_name and PAGED_KERNEL.search(op_name.group(1)))):
+        return None
+    ops = [shapes[o] for o in ins.operands if o in shapes]
+    floats = [sh for sh in ops if sh.dtype in FLOAT_DTYPES]
+    ints = [sh for sh in ops if sh.dtype.startswith("s") and sh.elements > 1]
+    if len(floats) < 3 or len(floats[1].dims) != 4 or len(ints) < 2:
+        return None
+    q, kp = floats[0], floats[1]
+    rows, heads, h = q.dims[0], q.dims[1], q.dims[-1]
+    pages_per_row = ints[1].elements // max(rows, 1)
+    positions = pages_per_row * kp.dims[2]
+    scores = rows * heads * positions
+    dots = 2 * 2.0 * scores * h
+    return CallCost(dots + scores, scores, dots, (scores * h) ** (1.0 / 3.0),
+                    f"paged attention: analytic count (the kernel declares no cost): {pages_per_row} pages of "
+                    f"{kp.dims[2]} positions per row, every position scored")
+
+
 # JAX's Pallas GPU flash attention (jax/experimental/pallas/ops/gpu/attention.py, Triton: `__gpu$xla.gpu.triton`
 # calls whose op_name names the kernel): the products per visited (query block, key block) pair of the forward kernel
 # (Q·Kᵀ, P·V) and of the backward kernel (Q·Kᵀ recomputed, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q, dS·K); the backward's preprocessing
@@ -810,8 +839,9 @@ def flash_cost(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
 def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     """What one execution of a custom call computes, or None when the reader cannot say (custom_calls lists those):
     a declared cost estimate (custom_call_cost); a cuBLAS gemm (gemm_cost); cuDNN attention (fmha_cost) or
-    convolution (conv_call_cost); a Pallas splash (TPU) or flash (GPU) attention kernel without one (splash_cost,
-    flash_cost: analytic); a call known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS): zero."""
+    convolution (conv_call_cost); a Pallas splash or paged (TPU) or flash (GPU) attention kernel without one
+    (splash_cost, paged_cost, flash_cost: analytic); a call known to do no arithmetic (ZERO_FLOP_CUSTOM_CALLS):
+    zero."""
     target = custom_call_target(ins.attrs)
     if has_cost_estimate(ins.attrs):
         f, t = custom_call_cost(ins.attrs)
@@ -819,7 +849,7 @@ def price_custom_call(ins: Instr, shapes: dict[str, Shape]) -> CallCost | None:
     if target in ZERO_FLOP_CUSTOM_CALLS:
         return CallCost()
     if target == "tpu_custom_call":
-        return splash_cost(ins, shapes)
+        return splash_cost(ins, shapes) or paged_cost(ins, shapes)
     if target == "__gpu$xla.gpu.triton":
         return flash_cost(ins, shapes)
     if target in CUBLAS_GEMM_TARGETS or target.startswith("__cublas$"):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from models import inference, moe, pipeline, serving
+from models import inference, moe, paged, pipeline, serving
 from models.analytics import analytics, moe_layer_memory, moe_memory_fused
 from models.config import resolve_attention
 from models.precision import PrecisionPolicy, get_policy
@@ -78,6 +78,8 @@ class PredictSpec:
     shard_activations: bool = False  # the residual stream's embed over the tensor axis (MaxText's activation_embed)
     quant: str = "none"              # prefill/decode: weight quantization (models/serving.py QUANTS)
     kv_dtype: str = "auto"           # prefill/decode: KV-cache dtype (models/inference.py KV_DTYPES)
+    page_size: int = 0               # decode: a paged KV cache of pages of this many positions, attended by JAX's
+    #                                  Pallas TPU paged attention (models/paged.py); 0: the contiguous cache
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -227,18 +229,21 @@ def _build_program(cfg, r: Resolved, mesh, batch: int, seq: int):
                                pipeline_repeats=spec.pipeline_repeats,
                                pipeline_schedule=spec.pipeline_schedule)
         return _unpack_step(out)
-    return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode, spec.quant, spec.kv_dtype)
+    return build_inference_step(cfg, policy, mesh, rules, batch, seq, spec.mode, spec.quant, spec.kv_dtype,
+                                spec.page_size)
 
 
 def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int, mode: str, quant: str = "none",
-                         kv_dtype: str = "auto"):
+                         kv_dtype: str = "auto", page_size: int = 0):
     """A jitted prefill or decode step of the serving engine (models/inference.py, models/serving.py), with abstract
     sharded inputs: the layers unrolled (each layer's KV cache a buffer of its own, written in place), weights in
     the policy's compute dtype (inference keeps no float32 master copy) or quantized (`quant`), the KV cache
     (batch, kv_heads, seq, head_dim) per layer in `kv_dtype`, sharded by the strategy's rules and donated.
 
     prefill: `seq` prompt tokens fill an empty cache of `seq` positions; the head runs on the last position only.
-    decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it).
+    decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it); with
+             `page_size`, a paged cache (per layer a pool (kv_heads, pages, page_size, head_dim), each row's pages
+             with its batch shard) attended by JAX's Pallas TPU paged attention kernel (models/paged.py).
     """
     import jax
     import jax.numpy as jnp
@@ -265,6 +270,17 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
 
     cache = {n: ([place(a, "KV cache") for a in v] if isinstance(v, list) else place(v, "KV cache"))
              for n, v in cache.items()}
+    if page_size:  # the pools and the page table in place of the contiguous cache
+        pools = jax.eval_shape(lambda: paged.init_paged(abs_model, batch, seq, page_size))
+
+        def pool(a):
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(
+                ("kv_heads", "batch", None, "head_dim"), a.shape, mesh, rules, what="paged KV cache pool")))
+
+        row = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(
+            ("batch",) + (None,) * (a.ndim - 1), a.shape, mesh, rules, what="page table")))
+        cache = {"k": [pool(a) for a in pools["k"]], "v": [pool(a) for a in pools["v"]],
+                 "page_table": row(pools["page_table"]), "lengths": row(pools["lengths"])}
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
@@ -274,6 +290,8 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
             model = nnx.merge(graphdef, serving.dequantize_params(params, cd), rest)
             if mode == "prefill":
                 logits_btv, cache = inference.prefill(model, tokens_bt, cache=cache, last_only=True, fresh=True)
+            elif page_size:
+                logits_btv, cache = paged.paged_decode(model, tokens_bt, cache)
             else:
                 logits_btv, cache = inference.decode_step(model, tokens_bt, cache)
             return logits_btv[:, -1], cache
@@ -361,6 +379,15 @@ def prepare(spec: PredictSpec | Resolved) -> tuple[topo.Target, Any, dict[str, i
         raise WorkbenchError("weight quantization and the KV-cache dtype apply to --mode prefill|decode only")
     serving.check_quant(spec.quant)
     inference.kv_dtype_name(spec.kv_dtype)
+    if spec.page_size and (spec.mode != "decode" or spec.page_size < 1 or spec.kv_dtype not in ("auto", "bf16",
+                                                                                                "bfloat16")):
+        raise WorkbenchError(f"a paged cache (page size {spec.page_size}) is for decode steps over a bf16 cache; "
+                             "drop --paged for this mode or KV dtype")
+    if spec.page_size and (target.kind != "tpu" or cfg.head_dim % 128 or spec.page_size % 8):
+        raise WorkbenchError(f"the paged attention kernel (JAX's Pallas TPU kernel) needs a TPU target, a head_dim "
+                             f"that is a multiple of 128 and pages of a multiple of 8 positions; here {target.name}, "
+                             f"head_dim {cfg.head_dim}, pages of {spec.page_size}: change them (--set head_dim=128, "
+                             f"--page-size 16) or serve without --paged")
     if spec.mode != "train" and spec.microbatches != 1:
         raise WorkbenchError("--microbatches applies to --mode train only")
     if strategy.pipelined and spec.mode != "train":

@@ -60,7 +60,8 @@ class ServeSpec:
     requests: str | None = None    # 'synthetic' or a JSON-lines file of {"prompt": str, "max_new": int}
     seed: int = 0
     checkpoint: str | None = None  # host: serve the weights a `workbench run --checkpoint-dir` saved
-    paged: bool = False            # host: decode over a paged cache (page-table gather form)
+    paged: bool = False            # decode over a paged cache: the page-table gather form on the host, JAX's Pallas
+    #                                paged attention kernel on a TPU target
     temperature: float = 0.0       # host: sampling of speculation and continuous batching (0: greedy)
     page_size: int = 16
 
@@ -81,12 +82,17 @@ def validate(spec: ServeSpec) -> None:
     kv_dtype_name(spec.kv_dtype)
     if spec.draft is not None and spec.draft_tokens < 1:
         raise WorkbenchError(f"--draft-tokens must be >= 1, got {spec.draft_tokens}")
-    if spec.target != "host" and (spec.draft or spec.requests or spec.checkpoint or spec.paged):
-        raise WorkbenchError("--draft, --requests, --checkpoint and --paged run on the host; use --target host")
+    if spec.target != "host" and (spec.draft or spec.requests or spec.checkpoint):
+        raise WorkbenchError("--draft, --requests and --checkpoint run on the host; use --target host")
+    if spec.paged and spec.target != "host" and not spec.target.startswith("tpu"):
+        raise WorkbenchError(f"--paged on {spec.target}: the paged attention kernel compiled for a target is JAX's "
+                             "Pallas TPU kernel; use a TPU target or --target host (the page-table gather form)")
     if not spec.temperature >= 0:
         raise WorkbenchError(f"--temperature must be >= 0, got {spec.temperature}")
     if spec.page_size < 1:
         raise WorkbenchError(f"--page-size must be >= 1, got {spec.page_size}")
+    if spec.paged and spec.target != "host":  # the kernel's shape rules, before anything compiles
+        wp.prepare(_phase_spec(spec, max(spec.batches), "decode"))
     _host_config(spec, spec.preset)  # an unknown preset, bad overrides or a context beyond learned positions
     if spec.draft:
         _host_config(spec, spec.draft, spec.draft_tokens + 1)
@@ -245,12 +251,15 @@ def serve_host(spec: ServeSpec, say) -> dict:
 # ------------------------------------------------------------------------------------------------- a TPU slice / GPU node
 
 
-def _target_phase(spec: ServeSpec, batch: int, mode: str):
+def _phase_spec(spec: ServeSpec, batch: int, mode: str) -> wp.PredictSpec:
     seq = spec.prompt_len if mode == "prefill" else spec.max_len
-    ps = wp.PredictSpec(spec.preset, spec.target, spec.strategy, mesh=spec.mesh, batch=batch, seq=seq, mode=mode,
-                        policy=spec.policy or "bf16", overrides=spec.overrides, quant=spec.quant,
-                        kv_dtype=spec.kv_dtype)
-    return wp.predict(ps)
+    return wp.PredictSpec(spec.preset, spec.target, spec.strategy, mesh=spec.mesh, batch=batch, seq=seq, mode=mode,
+                          policy=spec.policy or "bf16", overrides=spec.overrides, quant=spec.quant,
+                          kv_dtype=spec.kv_dtype, page_size=spec.page_size if spec.paged and mode == "decode" else 0)
+
+
+def _target_phase(spec: ServeSpec, batch: int, mode: str):
+    return wp.predict(_phase_spec(spec, batch, mode))
 
 
 def _target_point(tp) -> dict:
