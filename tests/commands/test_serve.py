@@ -43,6 +43,12 @@ def test_serve_predicts_a_tpu_slice_and_int8_weights_read_fewer_bytes(tmp_path):
     assert all(b["predicted_tpot_s"] > 0 and b["fits"] for b in r["batches"])
     assert r["knee"]["batch"] is not None or "never" in r["knee"]["why"]
     assert q["batches"][0]["decode"]["bytes"] < r["batches"][0]["decode"]["bytes"]
+    # the paged decode by JAX's Pallas kernel needs a head_dim of 128 lanes: a one-line error, then with it
+    bad = subprocess.run([sys.executable, "-m", "workbench", "serve", *base, "--paged"], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, JAX_PLATFORMS="cpu", WORKBENCH_RESULTS=str(tmp_path)))
+    assert bad.returncode == 2 and "head_dim" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-500:]
+    p = _serve(tmp_path, *base, "--paged", "--set", "head_dim=128")
+    assert all(b["predicted_tpot_s"] > 0 and b["fits"] for b in p["batches"])
 
 
 def test_serve_a_trained_checkpoint_quantized_and_paged(tmp_path):
