@@ -73,8 +73,12 @@ class PublishedRun:
 
     def spec(self):
         r = self.row
-        # MaxText splits the activations' embed over its tensor axis (logical rule activation_embed -> tensor)
-        shard = r["framework"] == "MaxText" and "model=" in r["mesh"]
+        # with a tensor axis every framework here splits the residual stream over it between layers: MaxText its
+        # embed (logical rule activation_embed -> tensor), torchtitan and Megatron its sequence (torchtitan's apply_tp:
+        # SequenceParallel norms, the embedding's output Shard(1); NeMo-Framework-Launcher's llama2_70b.yaml,
+        # llama3_70b.yaml and gpt3/175b.yaml: `sequence_parallel: true`). The same saved bytes per device; compiled
+        # here as MaxText's rule (--shard-activations)
+        shard = "model=" in r["mesh"]
         # Megatron (NeMo) pipelines run 1F1B: a stage holds at most 2p − 1 microbatches' activations, not all of them
         schedule = "1f1b" if self.megatron and STAGE_AXIS in parse_mesh_spec(r["mesh"]) else "gpipe"
         return PredictSpec(preset="llama2-7b", target=r["target"], strategy=r["parallelism"], mesh=r["mesh"],
