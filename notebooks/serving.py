@@ -16,7 +16,8 @@ recs = Store().query(kind="serve-run")
 key = ["spec.preset", "spec.target", "spec.quant", "spec.kv_dtype", "spec.prompt_len", "spec.gen_len",
        "spec.draft", "spec.paged"]
 if len(recs):  # the latest run of each configuration
-    recs = recs.assign(_key=recs[key].astype(str).agg("|".join, axis=1)).groupby("_key").tail(1)
+    ident = recs.reindex(columns=key).apply(lambda row: "|".join(str(v) for v in row), axis=1)
+    recs = recs.assign(_key=ident).groupby("_key").tail(1)
 
 
 def label(r) -> str:
