@@ -41,7 +41,8 @@ CASES = [
     (["serve", "--preset", "small", "--batch", "1", "--quant", "int3"], "unknown weight quantization 'int3'"),
     (["serve", "--preset", "small", "--batch", "1", "--kv-dtype", "int2"], "unknown KV-cache dtype 'int2'"),
     (["serve", "--preset", "small", "--prompt-len", "200", "--gen-len", "100"], "exceeds small's learned position"),
-    (["serve", "--preset", "llama3-8b", "--target", "h100:8", "--draft", "tiny"], "--draft, --requests, --checkpoint and --paged run on"),
+    (["serve", "--preset", "llama3-8b", "--target", "h100:8", "--draft", "tiny"], "--draft, --requests and --checkpoint run on"),
+    (["serve", "--preset", "llama3-8b", "--target", "h100:8", "--paged"], "Pallas TPU kernel; use a TPU target"),
 ]
 
 
