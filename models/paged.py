@@ -115,7 +115,6 @@ def _attend_local(q_bnh, k_new_bkh, v_new_bkh, k_pool, v_pool, lengths_b, table,
     block = kernel_block(table.shape[1], k_pool.shape[2])
     call = functools.partial(paged_attention, pages_per_compute_block=block)
     if interpret:
-        from jax.experimental import pallas as pl  # noqa: F401  (the TPU interpret mode below)
         from jax.experimental.pallas import tpu as pltpu
 
         with pltpu.force_tpu_interpret_mode():
