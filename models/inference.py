@@ -136,20 +136,29 @@ def _attend(attn, q_btnh, k_bksh, v_bksh, mask_bts):
     return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
 
+def block_forward(block, x_btd, positions_bt, attend):
+    """One block on the new tokens, its attention by `attend(q_btnh, k_btkh, v_btkh) -> (o_btnh, cache)` (which
+    also stores the new keys/values wherever its cache keeps them): (the block's output, that cache)."""
+    q_btnh, k_btkh, v_btkh = block.attn.project_qkv(block.norm_attn(x_btd), positions_bt)
+    o_btnh, cache = attend(q_btnh, k_btkh, v_btkh)
+    x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
+    y_btd, _ = block.mlp(block.norm_mlp(x_btd))
+    return x_btd + y_btd.astype(jnp.float32), cache
+
+
 def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict, fresh: bool = False):
     """One block on the new tokens: their keys/values into the cache at each row's length, attention over the cache
     (fresh: the rows' caches are empty, so the new tokens attend to themselves alone, with the model's configured
     attention — a fused kernel where it has one — instead of over the whole cache)."""
-    h_btd = block.norm_attn(x_btd)
-    q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
-    lc = _store(lc, k_btkh, v_btkh, lengths_b)
-    if fresh:
-        o_btnh = block.attn.causal_self_attention(q_btnh, k_btkh.astype(q_btnh.dtype), v_btkh.astype(q_btnh.dtype))
-    else:
-        o_btnh = _attend(block.attn, q_btnh, _read(lc, "k", q_btnh.dtype), _read(lc, "v", q_btnh.dtype), mask_bts)
-    x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
-    y_btd, _ = block.mlp(block.norm_mlp(x_btd))
-    return x_btd + y_btd.astype(jnp.float32), lc
+    def attend(q_btnh, k_btkh, v_btkh):
+        new = _store(lc, k_btkh, v_btkh, lengths_b)
+        if fresh:
+            return block.attn.causal_self_attention(q_btnh, k_btkh.astype(q_btnh.dtype),
+                                                    v_btkh.astype(q_btnh.dtype)), new
+        return _attend(block.attn, q_btnh, _read(new, "k", q_btnh.dtype), _read(new, "v", q_btnh.dtype),
+                       mask_bts), new
+
+    return block_forward(block, x_btd, positions_bt, attend)
 
 
 def _layer_caches(cache) -> list[dict] | dict:

@@ -166,14 +166,14 @@ def paged_decode(model, tokens_b1, cache: dict, interpret: bool = False):
     x_btd = model.embed(tokens_b1, positions_b1).astype(rd)
     ks, vs = [], []
     for block, k_pool, v_pool in zip(model.blocks, cache["k"], cache["v"]):
-        q_btnh, k_btkh, v_btkh = block.attn.project_qkv(block.norm_attn(x_btd), positions_b1)
-        scale = 1.0 / math.sqrt(q_btnh.shape[-1])
-        q_bnh = (q_btnh[:, 0] * scale).astype(q_btnh.dtype)
-        o_bnh, k_pool, v_pool = _attend(q_bnh, k_btkh[:, 0], v_btkh[:, 0], k_pool, v_pool, lengths_b, table,
-                                        interpret)
-        x_btd = x_btd + block.attn.out(o_bnh[:, None].astype(q_btnh.dtype)).astype(jnp.float32)
-        y_btd, _ = block.mlp(block.norm_mlp(x_btd))
-        x_btd = (x_btd + y_btd.astype(jnp.float32)).astype(rd)
+        def attend(q_btnh, k_btkh, v_btkh, k_pool=k_pool, v_pool=v_pool):
+            q_bnh = (q_btnh[:, 0] * (1.0 / math.sqrt(q_btnh.shape[-1]))).astype(q_btnh.dtype)
+            o_bnh, k_pool, v_pool = _attend(q_bnh, k_btkh[:, 0], v_btkh[:, 0], k_pool, v_pool, lengths_b, table,
+                                            interpret)
+            return o_bnh[:, None].astype(q_btnh.dtype), (k_pool, v_pool)
+
+        x_btd, (k_pool, v_pool) = inference.block_forward(block, x_btd, positions_b1, attend)
+        x_btd = x_btd.astype(rd)
         ks.append(k_pool)
         vs.append(v_pool)
     return model.head(x_btd), dict(cache, k=ks, v=vs)

@@ -258,29 +258,25 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     cd = policy.compute_dtype
     abs_params = _quantized_abstract(params, p_sh, mesh, cd, quant)
     abs_rest = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), rest, r_sh)
-    cache = jax.eval_shape(lambda: inference.init_cache(abs_model, batch, seq, kv_dtype))
-    names = {4: ("batch", "kv_heads", None, "head_dim")}
-
-    def place(a, what):
-        if a.ndim == 1:
-            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
-        axes = names[4] if a.shape[-1] == cfg.head_dim else ("batch", "kv_heads", None, None)
+    def placed(a, axes, what):
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(axes, a.shape, mesh, rules,
                                                                                               what=what)))
 
-    cache = {n: ([place(a, "KV cache") for a in v] if isinstance(v, list) else place(v, "KV cache"))
-             for n, v in cache.items()}
-    if page_size:  # the pools and the page table in place of the contiguous cache
+    if page_size:  # per layer a pool of pages, split with the rows, and the page table
         pools = jax.eval_shape(lambda: paged.init_paged(abs_model, batch, seq, page_size))
-
-        def pool(a):
-            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(
-                ("kv_heads", "batch", None, "head_dim"), a.shape, mesh, rules, what="paged KV cache pool")))
-
-        row = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec_for(
-            ("batch",) + (None,) * (a.ndim - 1), a.shape, mesh, rules, what="page table")))
+        pool = lambda a: placed(a, ("kv_heads", "batch", None, "head_dim"), "paged KV cache pool")
+        row = lambda a: placed(a, ("batch",) + (None,) * (a.ndim - 1), "page table")
         cache = {"k": [pool(a) for a in pools["k"]], "v": [pool(a) for a in pools["v"]],
                  "page_table": row(pools["page_table"]), "lengths": row(pools["lengths"])}
+    else:
+        def place(a):
+            if a.ndim == 1:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+            axes = ("batch", "kv_heads", None, "head_dim" if a.shape[-1] == cfg.head_dim else None)
+            return placed(a, axes, "KV cache")
+
+        cache = {n: ([place(a) for a in v] if isinstance(v, list) else place(v))
+                 for n, v in jax.eval_shape(lambda: inference.init_cache(abs_model, batch, seq, kv_dtype)).items()}
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)

@@ -207,13 +207,12 @@ class _StepFunctions:
         return self.cfg.master_weights == "optimizer"
 
     def update(self, params, opt, grads):
-        """-> (new params, new optimizer state): AdamW on float32 values. With the master weights in the optimizer
-        the compute-dtype gradients (already reduced, or reduce-scattered, in that dtype) widen to float32, update
-        the master copy, and the parameters are the master rounded to the compute dtype."""
+        """-> (new params, new optimizer state): AdamW on float32 values (`grads` widened by the caller). With the
+        master weights in the optimizer the gradients (reduced, or reduce-scattered, in the compute dtype before
+        they widened) update the master copy, and the parameters are the master rounded to the compute dtype."""
         if not self.master_in_optimizer:
             updates, opt = self.tx.update(grads, opt, params)
             return optax.apply_updates(params, updates), opt
-        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         updates, inner = self.tx.update(grads, opt["tx"], opt["master"])
         master = optax.apply_updates(opt["master"], updates)
         params = jax.tree.map(lambda m, p: m.astype(p.dtype), master, params)
@@ -277,13 +276,14 @@ class _StepFunctions:
                 grads, new_state["loss_scale"], finite = loss_scaling.unscale_and_check(grads, ls_state)
             if self.grad_shardings is not None:  # reduce-scattered to the optimizer state's slices
                 grads = jax.lax.with_sharding_constraint(grads, self.grad_shardings)
+            # float32 from here (a no-op for float32 parameters): the update and the norm read the same values
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
             params, opt = self.update(state["params"], state["opt"], grads)
             if finite is not None:  # fp16 overflow: skip the update, keep the old state
                 keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
                 params, opt = keep(params, state["params"]), keep(opt, state["opt"])
             new_state.update(params=params, gmeta=gmeta, rest=rest, opt=opt, step=state["step"] + 1)
-            grad_norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
-            metrics = {"loss": loss, "grad_norm": grad_norm, **{f"aux_{k}": v for k, v in aux.items()}}
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **{f"aux_{k}": v for k, v in aux.items()}}
             return new_state, metrics
 
     def eval_step(self, params, gmeta, rest, batch):
