@@ -18,6 +18,7 @@ MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 OPTIMIZER_SHARDINGS = ("params", "data")
 MASTER_WEIGHTS = ("params", "optimizer")
+WEIGHT_GRAD_DTYPES = ("float32", "compute")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -97,6 +98,10 @@ class ModelConfig:
     # (the parameters and their gradients kept in the policy's compute dtype, a float32 master copy in the optimizer
     # state, sharded with it: Megatron's megatron_amp_O2 with its distributed optimizer and grad_sync_dtype=bf16)
     master_weights: str = "params"
+    # the dtype a weight-gradient dot returns on a TPU or GPU: 'float32' (the float32 master weight's gradient
+    # accumulated and reduced over the data-parallel devices in float32) | 'compute' (the policy's compute dtype, then
+    # widened: MaxText's dots return bf16, so its programs reduce-scatter bf16 weight gradients). CPU hosts: float32.
+    weight_grad_dtype: str = "float32"
 
     def __post_init__(self):
         # resolve the derived defaults first (frozen: object.__setattr__)
@@ -129,6 +134,9 @@ class ModelConfig:
         if self.master_weights not in MASTER_WEIGHTS:
             raise WorkbenchError(f"model config master_weights={self.master_weights!r} is not one of "
                                  f"{', '.join(MASTER_WEIGHTS)}")
+        if self.weight_grad_dtype not in WEIGHT_GRAD_DTYPES:
+            raise WorkbenchError(f"model config weight_grad_dtype={self.weight_grad_dtype!r} is not one of "
+                                 f"{', '.join(WEIGHT_GRAD_DTYPES)}")
         if self.attention not in ATTENTIONS:
             raise WorkbenchError(f"model config attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.moe_gmm not in GMM_IMPLS:

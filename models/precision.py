@@ -81,12 +81,12 @@ def _product(eq, a, b, rounded: bool):
     return _rounded_on_device(eq, a, b) if rounded else _acc32(eq, a, b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _einsum_f32(eq, compute_dtype, rounded, x, w):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _einsum_f32(eq, compute_dtype, rounded, grad_dtype, x, w):
     return _product(eq, x.astype(compute_dtype), w.astype(compute_dtype), rounded)
 
 
-def _einsum_f32_fwd(eq, compute_dtype, rounded, x, w):
+def _einsum_f32_fwd(eq, compute_dtype, rounded, grad_dtype, x, w):
     xc, wc = x.astype(compute_dtype), w.astype(compute_dtype)
     # residuals in the compute dtype (what the backward products read); zero-size protos carry the primal dtypes
     return _product(eq, xc, wc, rounded), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
@@ -135,22 +135,25 @@ def _match_vma(ct, primal):
     return jax.lax.psum(ct, extra) if extra else ct
 
 
-def _einsum_f32_bwd(eq, compute_dtype, rounded, res, g):
+def _einsum_f32_bwd(eq, compute_dtype, rounded, grad_dtype, res, g):
     xc, wc, x_proto, w_proto = res
     eq_dx, eq_dw = transposed_equations(eq)
     gc = g.astype(compute_dtype)  # the cotangent as a dot operand: the compute dtype, like the forward operands
     # d/dx rounded on a device as JAX's own derivative of the compute-dtype cast would be (the bf16 cotangent of
     # the bf16 operand): a tensor-parallel layer's input gradient is then summed over the model axis in bf16, as
-    # in MaxText's programs. d/dw reaches the float32 master weight in float32.
+    # in MaxText's programs. d/dw reaches the float32 master weight in float32, unless the caller asks for
+    # `grad_dtype` (MaxText's dots return the compute dtype: its weight gradients are reduced over the data-parallel
+    # devices in bf16 and widened after).
     dx = _match_vma(_product(eq_dx, gc, wc, rounded), xc)
-    dw = _match_vma(_weight_grad(eq_dw, xc, gc, w_proto.dtype if rounded else F32), wc)
+    dw_dtype = (w_proto.dtype if grad_dtype is None else grad_dtype) if rounded else F32
+    dw = _match_vma(_weight_grad(eq_dw, xc, gc, dw_dtype), wc)
     return dx.astype(x_proto.dtype), dw.astype(w_proto.dtype)
 
 
 _einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
-def einsum_f32(eq: str, x, w, compute_dtype=F32, rounded: bool = False):
+def einsum_f32(eq: str, x, w, compute_dtype=F32, rounded: bool = False, grad_dtype=None):
     """einsum(eq, x, w) with both operands cast to `compute_dtype`, accumulated in float32, returned in float32.
 
     rounded: the caller rounds the result to the compute dtype on a TPU or GPU anyway (finish_dot), so the dot
@@ -162,14 +165,17 @@ def einsum_f32(eq: str, x, w, compute_dtype=F32, rounded: bool = False):
     compute-dtype operands and accumulate and return float32, cast once to the dtype of x and w respectively. A
     float32 compute dtype takes the same custom VJP for its operand order (the weight gradient's larger operand
     second: the `small` float32 step ran 1.51 -> 1.19 s traced, docs/models.md); an equation the VJP cannot
-    transpose stays a plain einsum in float32 and raises ValueError in a narrower dtype."""
+    transpose stays a plain einsum in float32 and raises ValueError in a narrower dtype.
+
+    grad_dtype (with `rounded`): the dtype the weight-gradient dot returns on a TPU or GPU; None: the weight's own
+    (model config weight_grad_dtype, models/config.py)."""
     try:
         transposed_equations(eq)  # validate at trace time, with the equation in the message
     except ValueError:
         if np.dtype(compute_dtype) == np.float32:
             return _acc32(eq, x.astype(F32), w.astype(F32))
         raise
-    return _einsum_f32(eq, compute_dtype, rounded, x, w)
+    return _einsum_f32(eq, compute_dtype, rounded, None if grad_dtype is None else jnp.dtype(grad_dtype), x, w)
 
 
 def _ragged_dw_dims():
@@ -292,13 +298,14 @@ class Einsum(nnx.Module):
     (finish_dot), and ask for its own `out_dtype` (float32 where the consumer works in float32: the residual stream,
     the softmax, the loss)."""
 
-    def __init__(self, compute_dtype, out_dtype=None):
+    def __init__(self, compute_dtype, out_dtype=None, grad_dtype=None):
         self.compute_dtype = compute_dtype
         self.out_dtype = compute_dtype if out_dtype is None else out_dtype
+        self.grad_dtype = grad_dtype  # the weight gradient's dtype out of its dot on a TPU or GPU (einsum_f32)
 
     def __call__(self, eq: str, x, w, *, bias=None, epilogue=None, out_dtype=None):
         # finish_dot rounds the accumulator to the compute dtype on a TPU or GPU: the dot may return it there
-        return finish_dot(einsum_f32(eq, x, w, self.compute_dtype, rounded=True),
+        return finish_dot(einsum_f32(eq, x, w, self.compute_dtype, rounded=True, grad_dtype=self.grad_dtype),
                           self.out_dtype if out_dtype is None else out_dtype, bias, epilogue, self.compute_dtype)
 
 
@@ -309,9 +316,15 @@ class PrecisionPolicy:
     param_dtype: object = jnp.float32
     description: str = ""
     activation_dtype: object = None  # what the einsums return; None: compute_dtype
+    weight_grad_dtype: object = None  # what a weight-gradient dot returns on a TPU or GPU; None: the weight's dtype
 
     def einsum_module(self, rngs: nnx.Rngs | None = None) -> nnx.Module:
-        return Einsum(self.compute_dtype, self.activation_dtype)
+        return Einsum(self.compute_dtype, self.activation_dtype, self.weight_grad_dtype)
+
+    def with_weight_grads_in_compute_dtype(self) -> PrecisionPolicy:
+        """This policy with each weight-gradient dot returning the compute dtype on a TPU or GPU (model config
+        weight_grad_dtype=compute, MaxText's program); a float32 policy is unchanged."""
+        return dataclasses.replace(self, weight_grad_dtype=jnp.dtype(self.compute_dtype))
 
     @property
     def loss_scaling(self):

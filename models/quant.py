@@ -474,7 +474,7 @@ class Fp16Policy(PrecisionPolicy):
     loss_scale: DynamicLossScale = DynamicLossScale()
 
     def einsum_module(self, rngs=None):
-        return Einsum(self.compute_dtype)
+        return Einsum(self.compute_dtype, grad_dtype=self.weight_grad_dtype)
 
     @property
     def loss_scaling(self):
@@ -487,6 +487,10 @@ class Fp8Policy(PrecisionPolicy):
     history: int = 16
     margin: float = 0.0
 
+    def with_weight_grads_in_compute_dtype(self):
+        raise WorkbenchError(f"weight_grad_dtype=compute applies to the float32, bf16 and fp16 policies, not "
+                             f"{self.name} (its dots keep their own gradient formats); use weight_grad_dtype=float32")
+
     def einsum_module(self, rngs=None):
         return Fp8Einsum(self.recipe, self.history, self.margin, self.compute_dtype)
 
@@ -494,6 +498,10 @@ class Fp8Policy(PrecisionPolicy):
 @dataclasses.dataclass(frozen=True)
 class MxPolicy(PrecisionPolicy):
     spec: MxSpec = MxSpec()
+
+    def with_weight_grads_in_compute_dtype(self):
+        raise WorkbenchError(f"weight_grad_dtype=compute applies to the float32, bf16 and fp16 policies, not "
+                             f"{self.name} (its dots keep their own gradient formats); use weight_grad_dtype=float32")
 
     def einsum_module(self, rngs=None):
         return MxEinsum(self.spec, self.compute_dtype)

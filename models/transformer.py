@@ -38,6 +38,8 @@ def combine_aux(auxes: list[dict]) -> dict:
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, policy=None, rngs: nnx.Rngs | None = None):
         policy = get_policy("float32") if policy is None else get_policy(policy)
+        if cfg.weight_grad_dtype == "compute":
+            policy = policy.with_weight_grads_in_compute_dtype()
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.cfg, self.policy_name = cfg, policy.name
         # the residual stream between layers (what rematerialization saves per layer) is stored in the compute dtype,

@@ -95,3 +95,41 @@ def test_master_weights_shrink_the_state_and_reduce_scatter_bf16_gradients_on_a_
     # per chip: 4 B × P/2 of parameters + 8 B × P/8 of moments, against 2 B × P/2 + 12 B × P/8 (0.83×); the norm
     # scales that do not split over data and the TPU's tile padding of small arrays bring it nearer 0.9×
     assert out["optimizer"][2] < 0.93 * out["params"][2], (out["optimizer"][2], out["params"][2])
+
+
+def test_weight_grads_in_the_compute_dtype_change_nothing_on_a_cpu():
+    """weight_grad_dtype=compute asks the weight-gradient dot for the compute dtype on a TPU or GPU only: on a CPU the
+    step trains bit for bit as the default does."""
+    one = make_mesh("data=1", devices=jax.devices()[:1])
+    ref, _, _ = _train(get_config("tiny"), "dp", one, steps=2)
+    got, _, _ = _train(get_config("tiny", "weight_grad_dtype=compute"), "dp", one, steps=2)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_weight_grad_dtype_refusals_are_one_line_errors():
+    with pytest.raises(WorkbenchError, match="weight_grad_dtype='bf16' is not one of float32, compute"):
+        get_config("tiny", "weight_grad_dtype=bf16")
+    with pytest.raises(WorkbenchError, match="weight_grad_dtype=compute applies to .* not fp8-current"):
+        build_train_step(get_config("tiny", "weight_grad_dtype=compute"), policy="fp8-current",
+                         mesh=make_mesh("data=1", devices=jax.devices()[:1]), strategy="dp", batch_size=B,
+                         seq_len=T, abstract=True)
+
+
+@pytest.mark.skipif(not topo.libtpu_available(), reason="libtpu not installed (pip install -e .[tpu])")
+def test_weight_grads_in_the_compute_dtype_are_reduce_scattered_in_bf16_on_a_tpu_slice():
+    """libtpu, v5e:2x2, fsdp, bf16 policy, float32 parameters: the weight gradients reach each chip's shard as a
+    float32 reduce-scatter over `data` by default and as a bf16 one with weight_grad_dtype=compute (MaxText's
+    program: its dots return bf16), half the bytes."""
+    default_platform()
+    mesh = make_mesh({"data": 4}, devices=topo.target_devices(topo.parse_target("tpu-v5e:2x2")))
+    out = {}
+    for dtype in ("float32", "compute"):
+        cfg = get_config("tiny", f"n_layers=2,d_model=256,d_ff=1024,scan_layers=true,weight_grad_dtype={dtype}")
+        prog = build_train_step(cfg, policy="bf16", mesh=mesh, strategy="fsdp", batch_size=B, seq_len=T,
+                                abstract=True)
+        ops = parse_collectives(prog.step.lower(prog.state, prog.batch).compile().as_text(), mesh=mesh, n_devices=4)
+        big = [c for c in ops if c.kind == "reduce-scatter" and c.mesh_axes == ("data",) and c.payload_bytes > 2**18]
+        out[dtype] = ({c.dtype for c in big}, sum(c.payload_bytes * c.count for c in big))
+    assert out["float32"][0] == {"float32"}, out
+    assert out["compute"][0] == {"bfloat16"}, out
+    assert out["compute"][1] == pytest.approx(out["float32"][1] / 2, rel=0.05), out

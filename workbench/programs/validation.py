@@ -66,6 +66,10 @@ class PublishedRun:
             # megatron_amp_O2 (bf16 parameters and gradients, grad_sync_dtype=bf16 in NeMo-Framework-Launcher's
             # examples/training/llama/h100/*.sh): the float32 master weights live in that optimizer state
             kv += ["optimizer_sharding=data", "master_weights=optimizer"]
+        if self.row["framework"].startswith("MaxText"):  # its DenseGeneral's lax.dot_general returns the bf16
+            # compute dtype (maxtext:MaxText/layers/linears.py _compute_dot_general), so the weight gradients are bf16
+            # until they are widened to the float32 weights: reduce-scattered over the data-parallel devices in bf16
+            kv += ["weight_grad_dtype=compute"]
         return ",".join(kv)
 
     def policy(self) -> str:
