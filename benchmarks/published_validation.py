@@ -55,7 +55,7 @@ def validate(run) -> dict:
            "policy": spec.policy, "source": run.row["source"], "commit": run.row["commit"] or None}
     t0 = time.perf_counter()
     try:
-        body = wp.predict_once(spec)
+        body = wp.predict_once(spec, price_unfit=True)  # a row that does not fit names its largest buffers
     except WorkbenchError as e:
         row.update(fits=False, compiled=False, reason=str(e), step_error=None, mfu_error=None,
                    wall_s=time.perf_counter() - t0)
@@ -127,8 +127,10 @@ def _result_cell(r: dict) -> str:
         why = " ".join(str(r.get("reason") or "not compared").split()).replace("|", "/")
         oom = re.search(r"HLO temporaries \(([\d.]+G)\) exceeds available HBM \(([\d.]+G)\)", why)
         if oom:
-            why = f"the TPU compiler needs {oom.group(1)} of temporaries > {oom.group(2)} HBM"
-        return why[:160] if why.startswith(("compile failed", "worker failed")) else f"does not fit: {why[:160]}"
+            largest = re.search(r"; largest allocations: (.*)$", why)
+            why = f"the TPU compiler needs {oom.group(1)} of temporaries > {oom.group(2)} HBM" + (
+                f"; largest: {largest.group(1)}" if largest else "")
+        return why[:160] if why.startswith(("compile failed", "worker failed")) else f"does not fit: {why[:260]}"
     terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm", "host") if r.get(k + "_s"))
     return f"{r['predicted_step_s']:.3g} s ({r.get('bound')}-bound; {terms})"
 

@@ -71,3 +71,24 @@ def test_costs_add():
     assert sum([a, b]).flops == 6.0
     with pytest.raises(ValueError):
         a + dataclasses.replace(b, n_devices=4)
+
+
+def test_largest_allocations_read_the_compiler_memory_report(tmp_path):
+    """The device-memory section of libtpu's memory-usage report (its format, lines abridged): sizes in their units,
+    the largest value of each allocation named with its repeat count; other memory spaces and tuples ignored."""
+    from workbench.cost.compile import largest_allocations
+    (tmp_path / "module_0000.jit_train_step.after_optimizations-memory-usage-report.txt").write_text(
+        "Memory Space: default (color=0)\n"
+        "Total bytes: 34255156576 (31.90GiB)\n"
+        "  cumulative_size;       size;       offset; used_by_n_values; shapes_list\n"
+        "  ------------------------------------------------------------\n"
+        "   20.00GiB( 45%);   20.00GiB;    286785536;                9; bf16[256,4,4096,32], bf16[4,4096,8192], "
+        "f32[8192], 5×bf16[80,4,4096,8192]\n"
+        "   22.98GiB( 52%); 1000.00MiB;  22296395776;                3; bf16[8192,32000], 2×f32[8192,32000]\n"
+        "   23.00GiB( 52%);       512B;      3997696;                1; (f32[16], f32[16], u32[])\n"
+        "Memory Space: vmem (color=1)\n"
+        "   90.00GiB(100%);   90.00GiB;            0;                1; f32[999999,99999]\n")
+    got = largest_allocations(str(tmp_path))
+    assert got == [{"bytes": 20 * 2**30, "shape": "bf16[80,4,4096,8192]", "repeats": 5, "values": 9},
+                   {"bytes": 1000 * 2**20, "shape": "f32[8192,32000]", "repeats": 2, "values": 3}]
+    assert largest_allocations(str(tmp_path / "none")) == []

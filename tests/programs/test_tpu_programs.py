@@ -1,5 +1,6 @@
 """Compiled by libtpu for compile-only TPU devices (no TPU attached): collectives of known traffic, flop counts of
 scanned and unrolled layers, host offloading against per-layer remat. Small programs on tiny topologies."""
+import re
 from unittest import mock
 
 import jax
@@ -116,4 +117,7 @@ def test_a_program_that_does_not_fit_is_priced_from_the_hlo_the_compiler_wrote(r
     assert not r["fits"] and not r["compiled"] and "ran out of memory" in r["reason"]
     assert r["memory_per_device_bytes"] > 16e9 and r["priced_from"]
     assert r["predicted_step_s"] > 0 and r["compute_s"] > 0
+    # the refusal names the largest buffers of the compiler's buffer assignment (GiB, the value's shape)
+    largest = re.search(r"largest allocations: ([\d.]+) GiB (\w+\[[\d,]+\])", r["reason"])
+    assert largest and float(largest.group(1)) > 1, r["reason"]
     assert 0.85 <= r["flop_counts"]["hlo_over_expected"] <= 1.25, r["flop_counts"]

@@ -110,23 +110,84 @@ class UncompiledHlo:
 
 def compile_keeping_oom_hlo(lowered):
     """lowered.compile() with an XLA dump directory, so that a program the compiler refuses for want of device memory
-    still leaves its optimized HLO: (compiled or None, the error or None, the optimized HLO text or None).
+    still leaves its optimized HLO: (compiled or None, the error or None, the optimized HLO text or None, its
+    largest allocations: largest_allocations, [] where the compiler wrote no memory report).
 
     The compiler runs its optimization passes before it assigns buffers, and with a dump directory it writes the
-    optimized module before it reports the overflow (`*.after_optimizations.hlo.pb`). The module is read from the
-    proto and printed by this jaxlib, so tuple elements are explicit get-tuple-element instructions as in
-    `Compiled.as_text()` (libtpu's own text dump writes them as `%x#k`, which the HLO reader does not follow). One
-    compile either way; the dump goes to a temporary directory removed afterwards."""
+    optimized module before it reports the overflow (`*.after_optimizations.hlo.pb`), and its buffer assignment
+    (`*memory-usage-report.txt`). The module is read from the proto and printed by this jaxlib, so tuple elements are
+    explicit get-tuple-element instructions as in `Compiled.as_text()` (libtpu's own text dump writes them as
+    `%x#k`, which the HLO reader does not follow). One compile either way; the dump goes to a temporary directory
+    removed afterwards."""
     d = tempfile.mkdtemp(prefix="workbench-oom-hlo-")
     try:
         try:
-            return lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_proto": True}), None, None
+            return lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_proto": True,
+                                                     "xla_dump_hlo_as_text": True}), None, None, []
         except Exception as e:  # noqa: BLE001
             if not is_resource_exhausted(e):
                 raise
-            return None, e, _dumped_optimized_hlo(d)
+            return None, e, _dumped_optimized_hlo(d), largest_allocations(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
+                "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def _shape_bytes(shape: str) -> float:
+    dtype, _, dims = shape.partition("[")
+    n = 1
+    for d in dims.rstrip("]").split(","):
+        n *= int(d) if d.strip().isdigit() else 1
+    return _DTYPE_BYTES.get(dtype, 4) * n
+
+
+def largest_allocations(dump_dir: str, n: int = 3) -> list[dict]:
+    """The `n` largest device-memory (color 0) allocations of the compiler's buffer assignment, read from the
+    `*memory-usage-report.txt` it dumps: [{'bytes', 'shape' (the largest value placed there), 'values' (how many
+    values share the allocation over the program), 'repeats' (how many of them have that shape)}], largest first.
+    Their sizes add up to the temporaries the compiler asked for, so the first names what does not fit."""
+    paths = sorted(glob.glob(os.path.join(dump_dir, "*memory-usage-report.txt")), key=os.path.getsize, reverse=True)
+    if not paths:
+        return []
+    with open(paths[0], encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    section = text.split("Memory Space:")[1] if "Memory Space:" in text else ""
+    out = []
+    for line in section.splitlines():
+        parts = [p.strip() for p in line.split(";")]
+        if len(parts) < 5 or not parts[2].isdigit():
+            continue
+        size = next(((float(parts[1][:-len(u)]) * m) for u, m in sorted(_UNITS.items(), key=lambda kv: -len(kv[0]))
+                     if parts[1].endswith(u) and parts[1][:-len(u)].replace(".", "").isdigit()), None)
+        shapes = []
+        for item in _split_shapes(parts[4]):
+            times, _, shape = item.rpartition("×")
+            if "[" in shape:
+                shapes.append((_shape_bytes(shape), shape, int(times) if times.isdigit() else 1))
+        if size is None or not shapes:
+            continue
+        big = max(shapes)
+        out.append({"bytes": size, "shape": big[1], "repeats": big[2], "values": int(parts[3])})
+        if len(out) == n:
+            break
+    return out
+
+
+def _split_shapes(s: str) -> list[str]:
+    """'2×f32[4,64], bf16[8]' -> ['2×f32[4,64]', 'bf16[8]'] (commas inside brackets and tuples kept)."""
+    items, depth, cur = [], 0, ""
+    for ch in s:
+        depth += 1 if ch in "[(" else -1 if ch in "])" else 0
+        if ch == "," and depth == 0:
+            items.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [i for i in items + [cur.strip()] if i and not i.startswith("(")]
 
 
 def _dumped_optimized_hlo(d: str) -> str | None:

@@ -443,14 +443,22 @@ def _compile(lw: Lowered, keep_oom_hlo: bool):
     try:
         if not keep_oom_hlo:
             return lw.lowered.compile(), time.perf_counter() - t0, None, None
-        compiled, err, hlo = compile_keeping_oom_hlo(lw.lowered)
+        compiled, err, hlo, largest = compile_keeping_oom_hlo(lw.lowered)
         if err is None:
             return compiled, time.perf_counter() - t0, None, None
-        return None, time.perf_counter() - t0, _words(err), hlo
+        return None, time.perf_counter() - t0, _words(err) + _largest_words(largest), hlo
     except Exception as e:  # noqa: BLE001
         if is_resource_exhausted(e):
             return None, time.perf_counter() - t0, _words(e), None
         raise
+
+
+def _largest_words(largest: list[dict]) -> str:
+    """'; largest allocations: 20 GiB bf16[80,4,4096,8192] (×5), ...' from compile.largest_allocations; '' for none."""
+    if not largest:
+        return ""
+    return "; largest allocations: " + ", ".join(
+        f"{_gib(a['bytes'])} {a['shape']}" + (f" (×{a['repeats']})" if a["repeats"] > 1 else "") for a in largest)
 
 
 def _words(e: BaseException) -> str:
