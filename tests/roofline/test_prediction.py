@@ -187,6 +187,40 @@ def test_the_matmul_curve_is_read_as_its_monotone_fit():
     assert monotone_curve(((256, 1.0), (128, 0.5), (512, 2.0))) == [(128, 0.5), (256, 1.0), (512, 2.0)]
 
 
+def test_a_product_with_few_rows_is_priced_on_the_skinny_curve():
+    """A dot whose smallest side has fewer rows than the skinny curve's last point runs at that curve's rate
+    (interpolated in log rows) where it is below the square curve's; from the last point on, and for dtypes other
+    than float32, the square curve alone prices it."""
+    from workbench.roofline.pricing import arithmetic_seconds
+
+    host = dataclasses.replace(CHIP, kind="cpu", peak_flops={"float32": 200e9, "bfloat16": 400e9}).with_measured(
+        matmul_curve=((64, 100e9), (4096, 200e9)), skinny_curve=((1, 20e9), (8, 50e9), (64, 150e9)))
+    few = KernelCost("mm", "kOutput", "", 0.0, 0.0, 1e9, 0, 1, 1e9, 512.0, dot_rows=8.0)
+    assert arithmetic_seconds(few, host, "float32") == pytest.approx(1e9 / 50e9)
+    four = dataclasses.replace(few, dot_rows=4.0)  # two thirds of the way from 1 to 8 in log rows: 40 GFLOP/s
+    assert arithmetic_seconds(four, host, "float32") == pytest.approx(1e9 / 40e9)
+    many = dataclasses.replace(few, dot_rows=64.0)
+    assert arithmetic_seconds(many, host, "float32") == pytest.approx(1e9 / host.matmul_rate(512.0, "float32"))
+    assert arithmetic_seconds(few, host, "bfloat16") == pytest.approx(1e9 / host.matmul_rate(512.0, "bfloat16"))
+    assert arithmetic_seconds(few, CHIP.with_measured(matmul_curve=((64, 1e12), (4096, 10e12))), "float32") == \
+        pytest.approx(1e9 / CHIP.with_measured(matmul_curve=((64, 1e12), (4096, 10e12))).matmul_rate(512.0, "float32"))
+
+
+def test_the_rows_of_a_dot_are_its_smallest_free_side():
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.cost.hlo import parse_kernels
+
+    def rows(f, *shapes):
+        text = jax.jit(f).lower(*(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes)).compile().as_text()
+        return [k.dot_rows for k in parse_kernels(text) if k.dot_flops]
+
+    assert rows(jnp.dot, (8, 768), (768, 3072)) == [8]  # a decode step's product: one row per sequence
+    assert rows(jnp.dot, (8192, 4096), (4096, 16)) == [16]  # few columns: the same path
+    assert rows(lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), (16, 256, 512), (16, 512, 384)) == [256]
+
+
 def test_the_kernel_sum_is_checked_against_cost_analysis_in_its_convention():
     """XLA's cost_analysis counts a convert as a flop and an exp only as a transcendental: a bf16 elementwise chain
     (converts around every op) and a softmax are priced kernel by kernel, not by the program-level fallback."""

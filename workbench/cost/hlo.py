@@ -403,6 +403,9 @@ class KernelCost:
     # in-place write into a host buffer, memory space S(5)) and back from it
     host_out: float = 0.0
     host_in: float = 0.0
+    # the smallest free side of its largest dot (rows of a product with few rows: a decode step's matrix-vector-like
+    # products, one row per sequence); 0 without dots (pricing.arithmetic_seconds)
+    dot_rows: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -1045,6 +1048,32 @@ def runs_per_computation(mod: Module) -> dict[str, int]:
     return _multiplicities(mod)
 
 
+def dot_rows(instrs: list[Instr], shapes: dict[str, Shape], mod: Module | None = None) -> float:
+    """The smallest free side (the product of lhs or of rhs free dimensions, the smaller) of the largest dot among
+    `instrs` (fusions nested inside followed with `mod`); 0 where there is none. A (b, d) · (d, f) decode product
+    has b rows whatever f is."""
+    return _largest_dot(instrs, shapes, mod)[1]
+
+
+def _largest_dot(instrs, shapes, mod, depth: int = 0) -> tuple[float, float]:
+    """(work m·n·k·batch, smallest free side) of the largest dot among `instrs`; (0, 0) without dots."""
+    best = (0.0, 0.0)
+    for ins in instrs:
+        if ins.opcode == "fusion" and mod is not None and depth < 4:
+            best = max(best, _largest_dot(mod.computations.get(called_computation(ins), []), shapes, mod, depth + 1))
+            continue
+        if ins.opcode != "dot" or len(ins.operands) < 2:
+            continue
+        lhs, rhs = shapes.get(ins.operands[0]), shapes.get(ins.operands[1])
+        if lhs is None or rhs is None:
+            continue
+        k = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims")]))
+        batch = int(np.prod([lhs.dims[d] for d in _dims(ins.attrs, "lhs_batch_dims")]))
+        m, n = lhs.elements / max(batch * k, 1), rhs.elements / max(batch * k, 1)
+        best = max(best, (batch * m * n * k, min(m, n)))
+    return best
+
+
 def array_shapes(mod: Module) -> dict[str, Shape]:
     """Instruction name -> its shape, for every instruction that yields one array."""
     return _array_shapes(mod)
@@ -1091,11 +1120,13 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
                 passes = reduction_consumed(body, shapes)
                 trans_el = strided_transposes(fused, by_name) if not dflops else 0.0
+                rows = dot_rows(body, shapes, mod) if dflops else 0.0
             else:
                 passes = False
                 ops, library = ((op, 1),), custom_call_target(ins.attrs) if op == "custom-call" else ""
                 kind = op
                 flops, trans, dflops, dsize, red, conv = _computation_cost([ins], shapes)
+                rows = dot_rows([ins], shapes) if dflops else 0.0
                 if op == "dynamic-update-slice" and len(operand_bytes) > 1:
                     # in place: reads and writes the update, not the whole buffer
                     bytes_in, bytes_out = sum(operand_bytes[1:]), operand_bytes[1]
@@ -1115,7 +1146,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             to_host, from_host = host_transfer(ins, by_name) if op != "fusion" else (0.0, 0.0)
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
-                                  trans_el, sum(operand_bytes) + out_bytes, to_host, from_host))
+                                  trans_el, sum(operand_bytes) + out_bytes, to_host, from_host, rows))
     return out
 
 

@@ -65,6 +65,9 @@ class Measured:
     # host: ((dtype, ((n, FLOP/s of an n³ matmul in that dtype), ...)), ...): a narrow dtype's own rate curve,
     # measured where the calibration ran one (bfloat16, since version 21); other dtypes take float32's curve's shape
     matmul_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] | None = None
+    # host: ((rows, float32 FLOP/s of a rows × 2048 by 2048² product), ...) for 1 to 64 rows: products with few rows
+    # (a decode step's, one row per sequence) run on a path of their own, below the square curve (version 26 on)
+    skinny_curve: tuple[tuple[float, float], ...] | None = None
     hbm_bw_range: tuple[float, float] | None = None  # host: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host: measured fixed cost of one more kernel in a program
     collective_latency_s: float | None = None  # host: one collective's rendezvous on a simulated mesh, per device
@@ -87,6 +90,23 @@ class Measured:
     # host: special-function results/s inside a library fusion (XLA:CPU's YNN kernels: a softmax, a reduction
     # over exponentials), which evaluates them with its own vector code; None: transcendentals_per_s
     transcendentals_per_s_library: float | None = None
+
+    def skinny_rate(self, rows: float, name: str) -> float | None:
+        """Achievable float32 FLOP/s of a product whose smallest side has `rows` rows, from skinny_curve
+        (interpolated in log(rows), its monotone fit); None where there is no curve, the dtype is not float32, or
+        the product has at least the curve's last row count (the square curve prices it)."""
+        if not self.skinny_curve or name != "float32" or rows <= 0:
+            return None
+        pts = monotone_curve(self.skinny_curve)
+        if rows >= pts[-1][0]:
+            return None
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
+            if n0 <= rows <= n1:
+                f = (math.log(rows) - math.log(n0)) / (math.log(n1) - math.log(n0))
+                return r0 + f * (r1 - r0)
+        return None
 
     def matmul_rate(self, size: float, name: str, peak: float) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in dtype `name` whose peak is

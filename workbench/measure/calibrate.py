@@ -49,7 +49,7 @@ from workbench.hardware.measured import Measured, MemoryLevel
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 25
+CALIBRATION_VERSION = 26
 
 
 def cache_dir() -> str:
@@ -438,6 +438,45 @@ def _matmul_curves(n: int, mm: dict, dev, reps: int, quick: bool, quiet: bool) -
         curves.setdefault(dt, []).append(row)
     curve = curves["float32"]
     return {dt: v for dt, v in curves.items() if dt != "float32"}, sorted(curve, key=lambda r: r["n"])
+
+
+SKINNY_ROWS = (1, 2, 4, 8, 16, 32, 64)
+SKINNY_SIDE = 2048
+
+
+def _skinny_dots(dev, reps: int, quick: bool, quiet: bool) -> list[dict]:
+    """Float32 rate of matrix products with few rows: (m × SKINNY_SIDE) · (SKINNY_SIDE × SKINNY_SIDE) for m in
+    SKINNY_ROWS, as [{'rows', 'flops_per_s', 'spread'}].
+
+    A decode step's products have as many rows as sequences in the batch, and XLA:CPU does not run them on the square
+    curve (matmul_curve) its size would put them on: on a 2-core Zen 3 VM an 8-row product over a 4096² weight took
+    6.5 ms against 1.75 ms for one row and 15.4 ms for 64 (the library's few-row path uses one core). Priced on
+    this curve by their smallest side (pricing.arithmetic_seconds), from 64 rows on on the square curve. Sampled in
+    rounds like the square curve, so that a drift reaches every point alike."""
+    import jax
+    import jax.numpy as jnp
+
+    k = 512 if quick else SKINNY_SIDE
+    rows = SKINNY_ROWS[:3] if quick else SKINNY_ROWS
+    progs = {}
+    for m in rows:
+        a, b = jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((k, k), jnp.float32)
+        x, y = (jax.device_put(v, dev) for v in random_inputs((a, b), seed=2))
+        progs[m] = (jax.jit(jnp.dot).lower(x, y).compile(), x, y)
+    times: dict[int, list[float]] = {m: [] for m in rows}
+    rounds = 3
+    for r in range(rounds):
+        for m in rows:
+            _say(f"calibrate: float32 {m}-row matmul over a {k}² weight (few-row products, round {r + 1}/{rounds})",
+                 quiet)
+            c, x, y = progs[m]
+            times[m] += measure(c, x, y, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / rounds),
+                                min_total_s=0.0 if quick else CURVE_MIN_S).times_s
+    out = []
+    for m in rows:
+        s = summarize(times[m], warmup=2, calls=1, compile_s=None)
+        out.append({"rows": m, "side": k, "flops_per_s": 2.0 * m * k * k / s.median_s, "spread": s.spread})
+    return out
 
 
 def _streams(out: dict, nel: int, dev, reps: int, few: int, quiet: bool, xbig) -> tuple[float, dict, Any]:
@@ -830,6 +869,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["matmul"] = mm
     out.setdefault("findings", []).extend(findings)
     out["matmul_curves"], out["matmul_curve"] = _matmul_curves(n, mm, dev, reps, quick, quiet)
+    out["skinny_dots"] = _skinny_dots(dev, reps, quick, quiet)
     bw_mid, st, xbig = _streams(out, nel, dev, reps, few, quiet, xbig)
     stream_samples.append(bw_mid)
     read_samples.append(st["read_bytes_per_s"])
@@ -1275,6 +1315,7 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
             matmul_curve=tuple((r["n"], r["flops_per_s"]) for r in cal.get("matmul_curve", ())) or None,
             matmul_curves=tuple((dt, tuple((r["n"], r["flops_per_s"]) for r in rows))
                                 for dt, rows in sorted((cal.get("matmul_curves") or {}).items()) if rows) or None,
+            skinny_curve=tuple((r["rows"], r["flops_per_s"]) for r in cal.get("skinny_dots") or ()) or None,
             hbm_bw_range=tuple(cal["stream"]["range_bytes_per_s"]) if cal["stream"].get("range_bytes_per_s") else None,
             kernel_launch_s=(cal.get("kernel_launch") or {}).get("per_kernel_s"),
             collective_latency_s=(cal.get("rendezvous") or {}).get("per_collective_per_device_s"),

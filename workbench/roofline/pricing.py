@@ -87,5 +87,9 @@ def arithmetic_seconds(k, spec, peak_dtype: str, transcendentals_per_s: float | 
     peak = spec.peak_flops[peak_dtype]
     t_trans = k.transcendentals / rate if rate else 0.0
     if spec.measured.matmul_curve and k.dot_flops:
-        return k.dot_flops / spec.matmul_rate(k.dot_size, peak_dtype) + (k.flops - k.dot_flops) / peak + t_trans
+        rate = spec.matmul_rate(k.dot_size, peak_dtype)
+        few = spec.measured.skinny_rate(getattr(k, "dot_rows", 0.0), peak_dtype)  # a product with few rows
+        if few is not None:
+            rate = min(rate, few)
+        return k.dot_flops / rate + (k.flops - k.dot_flops) / peak + t_trans
     return k.flops / peak + t_trans
