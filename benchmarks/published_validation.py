@@ -130,7 +130,10 @@ def _result_cell(r: dict) -> str:
             largest = re.search(r"; largest allocations: (.*)$", why)
             why = f"the TPU compiler needs {oom.group(1)} of temporaries > {oom.group(2)} HBM" + (
                 f"; largest: {largest.group(1)}" if largest else "")
-        return why[:160] if why.startswith(("compile failed", "worker failed")) else f"does not fit: {why[:260]}"
+        if why.startswith(("compile failed", "worker failed")):
+            return why[:160]
+        room = f"; priced from its optimized HLO: {r['predicted_step_s']:.3g} s" if r.get("predicted_step_s") else ""
+        return f"does not fit: {why[:260]}{room}"
     terms = ", ".join(f"{k} {r[k + '_s']:.3g} s" for k in ("compute", "memory", "comm", "host") if r.get(k + "_s"))
     return f"{r['predicted_step_s']:.3g} s ({r.get('bound')}-bound; {terms})"
 
