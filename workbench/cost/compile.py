@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from workbench import compat
 from workbench.cost.analytic import analytic_count
+from workbench.cost.hlo import hbm_bytes
 from workbench.cost.report import CostReport, costs_from_compiled
 from workbench.errors import DoesNotFit
 
@@ -133,18 +134,6 @@ def compile_keeping_oom_hlo(lowered):
 
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
-                "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-
-
-def _shape_bytes(shape: str) -> float:
-    dtype, _, dims = shape.partition("[")
-    n = 1
-    for d in dims.rstrip("]").split(","):
-        n *= int(d) if d.strip().isdigit() else 1
-    return _DTYPE_BYTES.get(dtype, 4) * n
-
-
 def largest_allocations(dump_dir: str, n: int = 3) -> list[dict]:
     """The `n` largest device-memory (color 0) allocations of the compiler's buffer assignment, read from the
     `*memory-usage-report.txt` it dumps: [{'bytes', 'shape' (the largest value placed there), 'values' (how many
@@ -167,7 +156,7 @@ def largest_allocations(dump_dir: str, n: int = 3) -> list[dict]:
         for item in _split_shapes(parts[4]):
             times, _, shape = item.rpartition("×")
             if "[" in shape:
-                shapes.append((_shape_bytes(shape), shape, int(times) if times.isdigit() else 1))
+                shapes.append((hbm_bytes(shape), shape, int(times) if times.isdigit() else 1))
         if size is None or not shapes:
             continue
         big = max(shapes)
