@@ -6,9 +6,11 @@ key-value cache and cached forward pass of models/inference.py.
     out, stats = speculative_generate(target_model, draft_model, prompts_bt, n_new=64, k=4)
 
 Weights: 'none' keeps the policy's compute dtype; 'int8', 'int4' and 'fp8' (E4M3) store each matmul weight of the
-layers and the untied output head with one float32 scale per output channel (over all axes but the last), and
-dequantize it inside the compiled step, where XLA fuses the conversion into the consumer on TPU and GPU (on XLA:CPU
-the dequantized weight is a temporary). Embeddings and norms stay unquantized.
+layers and the untied output head as a qwix.QArray (Qwix, Google's JAX quantization library): symmetric absmax scales
+in float32, one per output channel (and per layer and expert of a stacked weight), and with a group size
+('int4:g128') one per group of that many consecutive input elements as well. The step dequantizes the weight
+(qwix.dequantize) inside the compiled program, where XLA fuses the conversion into the consumer on TPU and GPU (on
+XLA:CPU the dequantized weight is a temporary). Embeddings, norms, biases and the MoE router stay unquantized.
 
 Continuous batching: `slots` rows share one cache; a request is inserted into a free slot (its prompt prefilled into
 that row alone, right-padded to a power-of-two bucket so that a handful of prefill programs serve every length), every
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,61 +35,119 @@ from models.config import resolve_attention
 from workbench.errors import WorkbenchError
 
 QUANTS = ("none", "int8", "int4", "fp8")
-_QFORMAT = {"int8": (jnp.int8, 127.0), "int4": (jnp.int4, 7.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+_QTYPE = {"int8": jnp.int8, "int4": jnp.int4, "fp8": jnp.float8_e4m3fn}
+_MATRIX_AXES = ("layers", "experts")  # stacked weights: one scale set per layer and per expert
 
 
 # ------------------------------------------------------------------------------------------------ quantization
 
 
-class QWeight(NamedTuple):
-    q: Any       # the weight in the storage format
-    scale: Any   # float32, one per output channel (the last axis), broadcast over the others
+def parse_quant(quant: str) -> tuple[str, int]:
+    """'int8' -> ('int8', 0): one scale per output channel; 'int4:g128' -> ('int4', 128): one scale per output
+    channel and per group of 128 consecutive input elements."""
+    name, sep, group = str(quant).partition(":g")
+    if name not in QUANTS:
+        raise WorkbenchError(f"unknown weight quantization {quant!r}; choose one of {', '.join(QUANTS)}, optionally "
+                             f"with a group size (int4:g128)")
+    if not sep:
+        return name, 0
+    if name == "none" or not group.isdigit() or int(group) < 1:
+        raise WorkbenchError(f"bad weight quantization {quant!r}: a group size is a positive integer after ':g' on "
+                             f"int8, int4 or fp8 (int4:g128)")
+    return name, int(group)
 
 
 def check_quant(quant: str) -> str:
-    if quant not in QUANTS:
-        raise WorkbenchError(f"unknown weight quantization {quant!r}; choose one of {', '.join(QUANTS)}")
+    parse_quant(quant)
     return quant
 
 
-def _quantizable(path, value) -> bool:
-    return ((path[0] == "blocks" and getattr(value, "ndim", 0) >= 2 + (not isinstance(path[1], int)))
-            or path == ("w_dv",))
+def _matmul_axes(path, axes, shape) -> tuple[list[int], list[int], list[int]] | None:
+    """(per-matrix axes, input axes, output axes) of a matmul weight from its logical axis names, or None where the
+    parameter is no matmul weight to quantize (embeddings, norms, biases, the router)."""
+    name = path[-1]
+    if not (isinstance(name, str) and name.startswith("w_") and "router" not in name) or axes is None:
+        return None
+    if not (path[0] == "blocks" or path == ("w_dv",)) or len(axes) != len(shape):
+        return None
+    stack = [i for i, a in enumerate(axes) if a in _MATRIX_AXES]
+    rest = [i for i in range(len(axes)) if i not in stack]
+    names = [axes[i] for i in rest]
+    if len(rest) < 2 or "embed" not in names:
+        return None
+    # the input side: 'embed' where it leads (projections up: w_dnh, w_df, w_dv), else every axis before it
+    # (projections down to the residual: w_nhd over heads and head_dim, w_fd over mlp)
+    cut = 1 if names[0] == "embed" else names.index("embed")
+    return stack, rest[:cut], rest[cut:]
 
 
-def _quantize(w, quant: str) -> QWeight:
-    dtype, top = _QFORMAT[quant]
-    w32 = w.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(w32), axis=tuple(range(w.ndim - 1)), keepdims=True)
-    scale = jnp.where(amax > 0, amax / top, 1.0)
-    q = w32 / scale
-    q = jnp.clip(jnp.round(q), -top, top) if quant != "fp8" else jnp.clip(q, -top, top)
-    return QWeight(q.astype(dtype), scale)
+def _scale_layout(path, shape, stack, ins, outs, group: int) -> tuple[tuple[int, ...], dict[int, int]]:
+    """Qwix's channelwise and tiled axes: a scale per matrix and output channel, and with a group size per group of
+    `group` consecutive elements of the flattened input axes."""
+    channelwise, tiled, left = list(stack) + list(outs), {}, group
+    if group:
+        for i in reversed(ins):
+            if left == 1:
+                channelwise.append(i)
+            elif left >= shape[i] and left % shape[i] == 0:
+                left //= shape[i]  # the whole axis inside each group
+            elif shape[i] % left == 0:
+                tiled[i], left = left, 1
+            else:
+                break
+        if left != 1:
+            width = int(np.prod([shape[i] for i in ins]))
+            raise WorkbenchError(f"group size {group} does not tile the input axes {[shape[i] for i in ins]} "
+                                 f"(width {width}) of {'/'.join(map(str, path))}; choose a divisor of {width}")
+    return tuple(sorted(channelwise)), tiled
+
+
+def _quantize(path, var, quant: str):
+    """The weight as a qwix.QArray (symmetric absmax scales in float32), or unchanged where it is no matmul weight."""
+    import qwix
+
+    w = var.get_value()
+    found = _matmul_axes(path, var.get_metadata().get("out_sharding"), getattr(w, "shape", ()))
+    if found is None:
+        return w
+    name, group = parse_quant(quant)
+    channelwise, tiled = _scale_layout(path, w.shape, *found, group)
+    return qwix.quantize(w.astype(jnp.float32), _QTYPE[name], channelwise_axes=channelwise, tiled_axes=tiled,
+                         scale_dtype=jnp.float32)
 
 
 def _map_params(state, fn):
     from flax import nnx
 
-    pairs = [(path, var.replace(fn(path, var.get_value()))) for path, var in nnx.to_flat_state(state)]
+    pairs = [(path, var.replace(fn(path, var))) for path, var in nnx.to_flat_state(state)]
     return nnx.from_flat_state(pairs)
 
 
 def cast_params(params, dtype):
     """Floating parameters in `dtype` (inference keeps no float32 master copy)."""
-    return _map_params(params, lambda p, v: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
+    return _map_params(params, lambda p, var: var.get_value().astype(dtype)
+                       if jnp.issubdtype(var.get_value().dtype, jnp.floating) else var.get_value())
 
 
 def quantize_params(params, quant: str):
-    """An nnx.State of parameters with each matmul weight stored as QWeight (quant 'none': unchanged)."""
-    if check_quant(quant) == "none":
+    """An nnx.State of parameters with each matmul weight stored as a qwix.QArray (quant 'none': unchanged)."""
+    if parse_quant(quant)[0] == "none":
         return params
-    return _map_params(params, lambda p, v: _quantize(v, quant) if _quantizable(p, v) else v)
+    return _map_params(params, lambda p, var: _quantize(p, var, quant))
+
+
+def is_quantized(value) -> bool:
+    import qwix
+
+    return isinstance(value, qwix.QArray)
 
 
 def dequantize_params(params, dtype):
-    """The parameters the model computes with: every QWeight back in `dtype` (inside the compiled step)."""
-    return _map_params(params, lambda p, v: (v.q.astype(jnp.float32) * v.scale).astype(dtype)
-                       if isinstance(v, QWeight) else v)
+    """The parameters the model computes with: every quantized weight back in `dtype` (inside the compiled step)."""
+    import qwix
+
+    return _map_params(params, lambda p, var: qwix.dequantize(var.get_value()).astype(dtype)
+                       if is_quantized(var.get_value()) else var.get_value())
 
 
 def weight_bytes(params) -> int:

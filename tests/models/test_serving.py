@@ -112,6 +112,74 @@ def test_quantized_weights_are_smaller_and_close(quant, ratio):
     assert weight_bytes(q.params) < (1 - ratio) * weight_bytes(base.params)
 
 
+def _reference_dequantized(w, bound, group_axes, group):
+    """float64 reference of symmetric absmax quantization: a scale per output channel (the last axis) and per group
+    of `group` consecutive elements of the flattened input axes (the leading `group_axes` axes); the absmax maps to
+    qmax + 0.5 (Qwix's convention). Returns the dequantized weight, each element's scale, and where w / scale lies
+    within float32 rounding of a half (a tie the float32 quantizer may round either way: the -absmax element of
+    every group is one)."""
+    w64 = np.asarray(w, np.float64)
+    k = int(np.prod(w64.shape[:group_axes]))
+    g = w64.reshape(k // group, group, -1)
+    scale = np.abs(g).max(axis=1, keepdims=True) / bound
+    x = g / scale
+    q = np.clip(np.round(x), -np.ceil(bound), np.floor(bound))  # the integer type's range: [-128, 127]
+    tie = np.abs(np.abs(x) % 1 - 0.5) < 1e-4
+    return ((q * scale).reshape(w64.shape), np.broadcast_to(scale, g.shape).reshape(w64.shape),
+            tie.reshape(w64.shape))
+
+
+@pytest.mark.parametrize("quant,bound", [("int8", 127.5), ("int8:g16", 127.5), ("int4:g32", 7.5), ("int4:g8", 7.5)])
+def test_qwix_weights_match_a_float64_per_group_reference(quant, bound):
+    """Each matmul weight, quantized by Qwix and dequantized in the step, equals a float64 reference of per-channel or
+    per-group symmetric quantization (ties within one step); w_nhd's groups run over heads x head_dim flattened."""
+    from models.serving import dequantize_params, parse_quant, quantize_params
+
+    model = _model(LLAMA_TINY)
+    s = Steps(model)
+    deq = dequantize_params(quantize_params(s.params, quant), jnp.float32)
+    flat, got = dict(nnx.to_flat_state(s.params)), dict(nnx.to_flat_state(deq))
+    group = parse_quant(quant)[1]
+    for path, n_in in [(("blocks", 0, "mlp", "w_df"), 1), (("blocks", 1, "mlp", "w_fd"), 1),
+                       (("blocks", 0, "attn", "w_nhd"), 2), (("blocks", 1, "attn", "w_dnh"), 1)]:
+        w = flat[path].get_value()
+        ref, scale, tie = _reference_dequantized(w, bound, n_in, group or int(np.prod(w.shape[:n_in])))
+        out = np.asarray(got[path].get_value(), np.float64)
+        assert_close(out[~tie], ref[~tie], "float32")
+        assert np.all(np.abs(out - ref)[tie] <= scale[tie] * 1.0001), path
+    # embeddings and norms are not quantized
+    np.testing.assert_array_equal(got[("w_vd",)].get_value(), flat[("w_vd",)].get_value())
+
+
+def test_int4_groups_bring_a_dot_closer_to_float64():
+    """x . W with int4 weights against the float64 product: groups of 32 inputs beat one scale per output channel."""
+    from models.serving import dequantize_params, quantize_params
+
+    model = _model(LLAMA_TINY)
+    s = Steps(model)
+    x = np.asarray(jax.random.normal(jax.random.key(7), (8, 64)), np.float64)
+    path = ("blocks", 0, "mlp", "w_df")
+    w = np.asarray(dict(nnx.to_flat_state(s.params))[path].get_value(), np.float64)
+    ref = x @ w
+    err = {}
+    for quant in ("int8", "int4", "int4:g32", "int4:g8"):
+        wq = dict(nnx.to_flat_state(dequantize_params(quantize_params(s.params, quant), jnp.float32)))[path]
+        got = np.asarray(jnp.asarray(x, jnp.float32) @ wq.get_value(), np.float64)
+        err[quant] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err["int8"] < 0.01 < err["int4"] < 0.2, err
+    assert err["int4:g8"] < err["int4:g32"] < err["int4"], err
+
+
+@pytest.mark.parametrize("quant,msg", [("int3", "unknown weight quantization"), ("int4:g0", "positive integer"),
+                                       ("none:g8", "positive integer"), ("int4:gx", "positive integer"),
+                                       ("int4:g48", "does not tile")])
+def test_bad_quantization_names_the_fix(quant, msg):
+    from models.serving import quantize_params
+
+    with pytest.raises(WorkbenchError, match=msg):
+        quantize_params(Steps(_model(LLAMA_TINY)).params, quant)
+
+
 def test_sampling_limits():
     logits = jnp.log(jnp.array([[0.05, 0.6, 0.3, 0.05]] * 4))
     key = jax.random.key(0)

@@ -49,8 +49,9 @@ def register(app: typer.Typer) -> None:
         prompt_len: int = typer.Option(128, "--prompt-len", help="prompt tokens per sequence"),
         gen_len: int = typer.Option(64, "--gen-len", help="generated tokens per sequence (the cache holds "
                                                           "prompt + generated)"),
-        quant: str = typer.Option("none", "--quant", help="weights: none | int8 | int4 | fp8 (weight-only, "
-                                                          "per-channel scales)"),
+        quant: str = typer.Option("none", "--quant", help="weights: none | int8 | int4 | fp8 (weight-only "
+                                                          "by Qwix, per-channel scales; int4:g128 adds a scale per "
+                                                          "group of 128 inputs)"),
         kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache: auto (the compute dtype) | bf16 | int8 "
                                                                 "| fp8"),
         policy: Optional[str] = typer.Option(None, "--policy", help="precision policy (default float32 on the "

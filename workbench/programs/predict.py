@@ -300,23 +300,26 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
 
 def _quantized_abstract(params, p_sh, mesh, compute_dtype, quant: str):
     """Abstract parameters as the serving step takes them: floating ones in the compute dtype, matmul weights
-    quantized (models.serving.QWeight: the weight's own sharding, its per-channel scale sharded like its last axis)."""
+    quantized (a qwix.QArray: the values sharded as the weight, each scale axis as the weight's axis where the
+    scale has as many entries as the axis, or whole groups of them per device, else replicated)."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
-
 
     abs_q = jax.eval_shape(lambda p: serving.quantize_params(serving.cast_params(p, compute_dtype), quant), params)
     sh_of = {path: var.get_value() for path, var in nnx.to_flat_state(p_sh)}
     pairs = []
     for path, var in nnx.to_flat_state(abs_q):
         v, sh = var.get_value(), sh_of[path]
-        if isinstance(v, serving.QWeight):
-            last = sh.spec[v.q.ndim - 1] if len(sh.spec) >= v.q.ndim else None
-            scale_sh = NamedSharding(mesh, PartitionSpec(*([None] * (v.q.ndim - 1)), last))
-            v = serving.QWeight(jax.ShapeDtypeStruct(v.q.shape, v.q.dtype, sharding=sh),
-                                jax.ShapeDtypeStruct(v.scale.shape, jnp.float32, sharding=scale_sh))
+        if serving.is_quantized(v):
+            spec = tuple(sh.spec) + (None,) * (v.qvalue.ndim - len(sh.spec))
+            size = lambda ax: 1 if ax is None else math.prod(mesh.shape[a] for a in
+                                                                ((ax,) if isinstance(ax, str) else ax))
+            scale_spec = [ax if n % size(ax) == 0 and n > 1 else None for ax, n in zip(spec, v.scale.shape)]
+            v = dataclasses.replace(
+                v, qvalue=jax.ShapeDtypeStruct(v.qvalue.shape, v.qvalue.dtype, sharding=sh),
+                scale=jax.ShapeDtypeStruct(v.scale.shape, v.scale.dtype,
+                                           sharding=NamedSharding(mesh, PartitionSpec(*scale_spec))))
         else:
             v = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh)
         pairs.append((path, var.replace(v)))
