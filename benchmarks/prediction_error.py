@@ -317,7 +317,7 @@ def run_worker(spec: dict) -> dict:
     if spec.get("kernels", True):
         bw, _ = memory_bw(comp.cost, host, n > 1)
         table = join(trace_kernels(step, steps=1, warmup=0), comp.hlo_text, host, n_devices=n, mesh=mesh,
-                     dtype=dtype, memory_bw=bw)
+                     dtype=dtype, memory_bw=bw, program_bytes=comp.cost.peak_memory_bytes)
         classes = {c.kernel_class: c.to_record() for c in table.classes}
         classes["_idle"] = {"measured_s": table.idle_s, "wall_s": table.wall_s}
     again = measure_steps(step, warmup=1, repeats=steps, min_total_s=PROGRAM_MIN_S)  # after the trace: repeatability

@@ -206,6 +206,57 @@ def test_a_product_with_few_rows_is_priced_on_the_skinny_curve():
         pytest.approx(1e9 / CHIP.with_measured(matmul_curve=((64, 1e12), (4096, 10e12))).matmul_rate(512.0, "float32"))
 
 
+def test_a_few_row_product_packs_a_weight_the_program_keeps_out_of_the_cache():
+    """A product with 2 to 63 rows reading a weight straight from the program's parameters, in a program whose
+    footprint exceeds the last-level cache, adds the weight's packing (read from memory, written into the cache, the
+    share the cache misses under a cyclic sweep of the footprint) to its arithmetic; a single row, a program that
+    fits the cache, a weight computed in the program or a many-row product add nothing."""
+    from workbench.hardware.measured import MemoryLevel
+    from workbench.roofline.host import sweep_hit_rate, weight_packing_seconds
+    from workbench.roofline.prediction import kernel_roof
+    from workbench.roofline.pricing import arithmetic_seconds
+
+    llc, mem = MemoryLevel("L3", 32e6, 80e9, 1.0), MemoryLevel("memory", float("inf"), 20e9, 1.5)
+    host = dataclasses.replace(CHIP, kind="cpu", peak_flops={"float32": 200e9}).with_measured(
+        matmul_curve=((64, 100e9), (4096, 200e9)), skinny_curve=((1, 20e9), (8, 50e9), (64, 150e9)),
+        cache_levels=(llc,), memory_read_ratio=1.5)
+    w = 4e6
+    few = KernelCost("mm", "kOutput", "", w + 16e3, 64e3, 1.7e7, 0, 1, 1.7e7, 256.0, dot_rows=8.0, param_bytes=w)
+    pack = mem.seconds(w, 0) + llc.seconds(0, w)
+    assert pack == pytest.approx(w / 30e9 + w / 80e9)
+    assert weight_packing_seconds(few, host, 20e9, 320e6) == pytest.approx((1 - sweep_hit_rate(10.0)) * pack)
+    assert weight_packing_seconds(few, host, 20e9, 48e6) == pytest.approx((1 - sweep_hit_rate(1.5)) * pack)
+    assert kernel_roof(few, host, "float32", 20e9, program_bytes=320e6)[0] == pytest.approx(
+        arithmetic_seconds(few, host, "float32") + (1 - sweep_hit_rate(10.0)) * pack)
+    for k, prog in [(few, 30e6), (dataclasses.replace(few, dot_rows=1.0), 320e6),
+                    (dataclasses.replace(few, param_bytes=0.0), 320e6),
+                    (dataclasses.replace(few, dot_rows=64.0), 320e6)]:
+        assert weight_packing_seconds(k, host, 20e9, prog) == 0.0
+    assert kernel_roof(few, host, "float32", 20e9)[0] == pytest.approx(arithmetic_seconds(few, host, "float32"))
+
+
+def test_a_kernel_counts_the_bytes_it_reads_from_the_programs_parameters():
+    """param_bytes: the operands the entry computation hands a kernel straight from its parameters; a product of
+    computed arrays reads none."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.cost.hlo import parse_kernels
+
+    def mlp(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+
+    args = (jnp.ones((8, 256)), jnp.ones((256, 1024)), jnp.ones((1024, 256)))
+    ks = parse_kernels(jax.jit(mlp).lower(*args).compile().as_text())
+    dots = sorted((k for k in ks if k.dot_flops), key=lambda k: k.name)
+    assert sum(k.param_bytes for k in ks) >= 4 * (8 * 256 + 2 * 256 * 1024)
+    assert all(k.param_bytes <= k.bytes_in for k in ks)
+    assert {round(k.param_bytes) for k in dots} >= {4 * 256 * 1024}
+    inner = parse_kernels(jax.jit(lambda x, w: jax.lax.fori_loop(0, 3, lambda i, y: jnp.tanh(y @ w), x))
+                          .lower(jnp.ones((8, 256)), jnp.ones((256, 256))).compile().as_text())
+    assert all(k.param_bytes == 0 for k in inner if k.dot_flops)
+
+
 def test_the_rows_of_a_dot_are_its_lhs_free_side_where_that_is_the_smaller():
     import jax
     import jax.numpy as jnp

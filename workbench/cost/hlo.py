@@ -406,6 +406,10 @@ class KernelCost:
     # the rows of its largest dot where they are its smaller free side (a decode step's matrix-vector-like products,
     # one row per sequence); 0 otherwise and without dots (dot_rows; pricing.arithmetic_seconds)
     dot_rows: float = 0.0
+    # of bytes_in, those it reads from the program's own parameters (arrays that live from one call to the next:
+    # weights, a cache, optimizer state) where the entry computation hands them to it directly (through bitcasts);
+    # 0 inside loops and called computations. Such a read's reuse distance is the whole program's footprint.
+    param_bytes: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -1096,6 +1100,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
     mult = _multiplicities(mod)
     shapes = _array_shapes(mod)
     by_name = mod.by_name()
+    entry_params = _entry_parameters(mod)
     out = []
     for comp, m in mult.items():
         for ins in mod.computations.get(comp, []):
@@ -1145,10 +1150,37 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                     bytes_in, bytes_out = moved, 0.0 if on_chip else moved
                 trans_el = strided_transposes([ins], by_name)
             to_host, from_host = host_transfer(ins, by_name) if op != "fusion" else (0.0, 0.0)
+            from_params = sum(b for o, b in zip(ins.operands, operand_bytes) if o in entry_params) \
+                if comp == mod.entry else 0.0
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
-                                  trans_el, sum(operand_bytes) + out_bytes, to_host, from_host, rows))
+                                  trans_el, sum(operand_bytes) + out_bytes, to_host, from_host, rows,
+                                  min(from_params, bytes_in)))
     return out
+
+
+def _entry_parameters(mod: Module) -> set[str]:
+    """Names in the entry computation that hold the program's parameters: the parameters, bitcasts of them, and
+    in-place updates of them (a dynamic-update-slice or scatter, or a fusion around one, of the parameter's shape: it
+    writes a few rows into the parameter's buffer, whose other rows were last touched a call ago)."""
+    names: set[str] = set()
+    entry = mod.computations.get(mod.entry, [])
+    shape_of = {i.name: i.shapes for i in entry}
+    for ins in entry:
+        src = ins.operands[0] if ins.operands else None
+        if ins.opcode == "parameter" or (ins.opcode == "bitcast" and src in names):
+            names.add(ins.name)
+        elif src in names and ins.shapes == shape_of.get(src) and _updates_in_place(ins, mod):
+            names.add(ins.name)
+    return names
+
+
+def _updates_in_place(ins: Instr, mod: Module) -> bool:
+    """A dynamic-update-slice or scatter, or a fusion that performs one."""
+    if ins.opcode in ("dynamic-update-slice", "scatter"):
+        return True
+    body = mod.computations.get((attr(ins.attrs, "calls") or "").lstrip("%"), []) if ins.opcode == "fusion" else []
+    return any(i.opcode in ("dynamic-update-slice", "scatter") for i in body)
 
 
 _HOST_MOVES = ("copy", "copy-start", "dynamic-update-slice", "dynamic-update-slice-start", "dynamic-slice",

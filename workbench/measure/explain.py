@@ -116,6 +116,6 @@ def explain_step(step, hlo_text: str, cost, spec, *, dtype, step_s: float, model
     simulated = spec.kind == "cpu" and cost.n_devices > 1
     bw, _ = memory_bw(cost, spec, simulated)
     table = kernel_table(hlo_text, step, spec, n_devices=cost.n_devices, mesh=mesh, dtype=dtype, steps=steps,
-                         memory_bw=bw)
+                         memory_bw=bw, program_bytes=cost.peak_memory_bytes)
     return waterfall(table, step_s=step_s, model_flops=model_flops, model_flops_causal=model_flops_causal,
                      ceiling_flops=ceiling_flops, call_overhead_s=spec.measured.call_overhead_s or 0.0), table

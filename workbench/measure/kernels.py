@@ -443,17 +443,20 @@ class _Pricing:
     bw: float
     mult: int
     interconnect: Any
+    program_bytes: float = 0.0  # the program's footprint per device (prediction.kernel_time)
 
     def kernel(self, k, others=()) -> tuple[float, float, float, float, str, int]:
         """(predicted s, flops, dot flops, bytes, roof, count) of kernel k and the other call sites of the same
         kernel, over every device."""
         mult = self.mult
-        kt = kernel_time(k, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult)
+        kt = kernel_time(k, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult,
+                         program_bytes=self.program_bytes)
         pred = kt.seconds * k.count * mult
         fl, nb, roof, count = k.flops * k.count * mult, k.bytes * k.count * mult, kt.roof, k.count
         dfl = k.dot_flops * k.count * mult
         for km in others:
-            pred += kernel_time(km, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult).seconds \
+            pred += kernel_time(km, self.spec, dtype=self.dtype, memory_bw=self.bw, sharers=mult,
+                                program_bytes=self.program_bytes).seconds \
                 * km.count * mult
             fl, nb, dfl = fl + km.flops * km.count * mult, nb + km.bytes * km.count * mult, \
                 dfl + km.dot_flops * km.count * mult
@@ -492,7 +495,8 @@ def _rows(names: list[str], instrs: dict, mod: Module, costs: dict, colls: dict,
         comp, ins = instrs[name]
         if t.library and ins.opcode == "custom-call" and name in costs and name not in t.shares:
             k = costs[name]  # a library call whose kernels were traced under their own names: priced as one row
-            kt = kernel_time(k, p.spec, dtype=p.dtype, memory_bw=p.bw, sharers=p.mult)
+            kt = kernel_time(k, p.spec, dtype=p.dtype, memory_bw=p.bw, sharers=p.mult,
+                             program_bytes=p.program_bytes)
             for key, v in (("pred", kt.seconds * k.count * p.mult), ("fl", k.flops * k.count * p.mult),
                            ("dfl", k.dot_flops * k.count * p.mult), ("nb", k.bytes * k.count * p.mult),
                            ("count", k.count * p.mult)):
@@ -534,11 +538,13 @@ def _class_errors(rows: list[KernelRow]) -> list[ClassError]:
 
 
 def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
-         dtype="float32", memory_bw: float | None = None, simulated_mesh: bool | None = None) -> KernelTable:
+         dtype="float32", memory_bw: float | None = None, simulated_mesh: bool | None = None,
+         program_bytes: float = 0.0) -> KernelTable:
     """Join a kernel trace with the program's HLO: one KernelRow per kernel (traced or not), ClassError per class.
 
     trace None: predictions only (measured fields None). memory_bw: the bandwidth kernels are priced at (default:
-    the spec's; pass workbench.roofline.prediction.memory_bw's choice to match a Prediction)."""
+    the spec's; pass workbench.roofline.prediction.memory_bw's choice to match a Prediction); program_bytes: the
+    program's footprint per device (CostReport.peak_memory_bytes, as a Prediction prices with)."""
     mod = parse_module(hlo_text)
     instrs = {i.name: (comp, i) for comp, body in mod.computations.items() for i in body}
     costs = {k.name: k for k in parse_kernels(hlo_text, mod)}
@@ -546,7 +552,7 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
         simulated_mesh = spec.kind == "cpu" and n_devices > 1
     bw = memory_bw or spec.hbm_bw
     p = _Pricing(spec, dtype, bw, n_devices if simulated_mesh else 1,
-                 host_interconnect(spec, bw) if simulated_mesh else spec.interconnect)
+                 host_interconnect(spec, bw) if simulated_mesh else spec.interconnect, program_bytes)
     colls = {c.name: c for c in parse_collectives(hlo_text, mesh=mesh, n_devices=n_devices, mod=mod)}
     t = _attribute(trace, instrs, mod, simulated_mesh)
     names = [n for n in costs] + [n for n in colls if n not in costs]
@@ -566,12 +572,14 @@ def join(trace: KernelTrace | None, hlo_text: str, spec: HardwareSpec, *, n_devi
 
 
 def kernel_table(program, step: Callable[[int], Any], spec: HardwareSpec, *, n_devices: int = 1, mesh=None,
-                 dtype="float32", steps: int = 2, warmup: int = 1, memory_bw: float | None = None) -> KernelTable:
+                 dtype="float32", steps: int = 2, warmup: int = 1, memory_bw: float | None = None,
+                 program_bytes: float = 0.0) -> KernelTable:
     """The per-kernel join for one program: `program` is a jax Compiled or its optimized HLO text, step(i) runs it
     once (feeding its own state forward) and returns what to block on."""
     text = program.as_text() if hasattr(program, "as_text") else str(program)
     trace = trace_kernels(step, steps=steps, warmup=warmup)
-    return join(trace, text, spec, n_devices=n_devices, mesh=mesh, dtype=dtype, memory_bw=memory_bw)
+    return join(trace, text, spec, n_devices=n_devices, mesh=mesh, dtype=dtype, memory_bw=memory_bw,
+                program_bytes=program_bytes)
 
 
 def class_errors_text(table: KernelTable) -> str:

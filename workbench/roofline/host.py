@@ -7,7 +7,8 @@ run at their own measured throughputs. workbench.roofline.prediction composes th
 CPU (`spec.kind == "cpu"`); every figure they use is a field of `spec.measured` that `workbench calibrate` measured.
 
     kernel compute = max(arithmetic, reductions / reduction rate, conversions / conversion rate)
-                     (the three add for a dot after a reduction it consumes: dependent passes)
+                     (the three add for a dot after a reduction it consumes: dependent passes; a product with few
+                     rows adds the packing of a weight the program's footprint keeps out of the cache)
     kernel memory  = Σ over the levels its working set reaches: share × level.seconds(bytes in, bytes out),
                      bounded below by its strided transposes at the transpose rate
     kernel time    = max(compute, memory), or compute + memory for a kernel that walks its rows in dependent passes
@@ -24,7 +25,8 @@ from workbench.hardware.spec import HardwareSpec, Interconnect
 from workbench.roofline.pricing import arithmetic_seconds
 
 
-def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1) -> tuple[float, float]:
+def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1,
+                program_bytes: float = 0.0) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one execution of host kernel `k` (a workbench.cost.hlo.KernelCost).
 
     compute: its flops (dots at the measured rate for their size), its transcendentals at the special-function rate
@@ -38,7 +40,7 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
     m = spec.measured
     rate = m.transcendentals_per_s_library if (k.library and m.transcendentals_per_s_library) else None
     arith = arithmetic_seconds(k, spec, peak_dtype, rate)
-    t_mem, memory_share = host_memory_seconds(k, spec, bw, sharers)
+    t_mem, memory_share = host_memory_seconds(k, spec, bw, sharers, program_bytes)
     in_cache = bool(m.onchip_bw and bw == m.onchip_bw) or memory_share < 0.5
     # where the memory's read rate is the calibrated sum over the stream's buffer (or the host write-allocates, whose
     # reads are priced from the stream), a reduction from memory reads at the rate its bytes are already priced at:
@@ -47,12 +49,34 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
     red_rate = m.reduce_per_s_cached if (in_cache or reads_priced) else m.reduce_per_s
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / m.convert_per_s if (m.convert_per_s and k.convert_elements) else 0.0
-    compute = max(arith, t_red, t_conv)
+    compute = max(arith + weight_packing_seconds(k, spec, bw, program_bytes * max(sharers, 1)), t_red, t_conv)
     if k.dependent_passes and k.dot_flops:
         # a dot after a reduction it consumes (an attention's softmax fused with its dot): one pass after another,
         # their work adds; a softmax or a layernorm alone overlaps its special functions with its reductions
         compute = arith + t_red + t_conv
     return compute, max(t_mem, transpose_seconds(k, spec, in_cache))
+
+
+def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: float) -> float:
+    """The pass in which a product with few rows (2 to the skinny curve's end, Measured.skinny_rate) packs a weight
+    that comes from memory: XLA:CPU's matrix library copies the weight's panels into a buffer before it multiplies
+    them, and with few rows there is too little arithmetic per weight byte to hide that copy, so it adds to the
+    arithmetic (a single row runs a matrix-vector kernel that streams the weight as it multiplies: nothing to add).
+    The weight is read by the kernel straight from the program's parameters (KernelCost.param_bytes); between one
+    call and the next the program touches its whole footprint, so the share of the weight the last-level cache still
+    holds is the hit rate of a cyclic sweep over that footprint (sweep_hit_rate), the rest is read from memory and
+    written into the cache. 0 where the program fits the last-level cache, or without a skinny curve."""
+    rows = getattr(k, "dot_rows", 0.0)
+    if not (k.dot_flops and rows >= 2 and getattr(k, "param_bytes", 0.0) and program_bytes):
+        return 0.0
+    if spec.measured.skinny_rate(rows, "float32") is None:
+        return 0.0
+    levels = memory_levels(spec, bw)
+    if len(levels) < 2:
+        return 0.0
+    cache, memory = levels[-2], levels[-1]
+    missed = 1.0 - sweep_hit_rate(program_bytes / cache.capacity)
+    return missed * (memory.seconds(k.param_bytes, 0.0) + cache.seconds(0.0, k.param_bytes))
 
 
 def roof_seconds(k, compute_s: float, memory_s: float) -> float:
@@ -110,20 +134,32 @@ def sweep_hit_rate(ratio: float) -> float:
     return 1.0 - (lo + hi) / 2
 
 
-def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1) -> tuple[float, float]:
+def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
+                        program_bytes: float = 0.0) -> tuple[float, float]:
     """(seconds, share of the traffic served from memory) of a host kernel's bytes: its working set (the whole
     arrays it touches, KernelCost.footprint, else its bytes, times the `sharers` running it on the same caches)
     placed in the hierarchy by `residency`, each level's share priced at that level's stream with its input/output
-    split (MemoryLevel.seconds). When the program runs from the cache (`bw` is the in-cache bandwidth) no kernel is
-    priced beyond the last-level cache."""
+    split (MemoryLevel.seconds). The bytes it reads straight from the program's parameters (KernelCost.param_bytes:
+    weights, a cache, optimizer state) were last touched a whole call ago, so they are placed by the program's
+    footprint (`program_bytes`) where that is the larger working set. When the program runs from the cache (`bw` is
+    the in-cache bandwidth) no kernel is priced beyond the last-level cache."""
     program_in_cache = bool(spec.measured.onchip_bw and bw == spec.measured.onchip_bw)
     levels = memory_levels(spec, spec.hbm_bw if program_in_cache else bw)
     w = (k.footprint or k.bytes) * max(sharers, 1)
     if program_in_cache and len(levels) > 1:
         w = min(w, levels[-2].capacity)
+    params = min(getattr(k, "param_bytes", 0.0), k.bytes_in)
+    whole = program_bytes * max(sharers, 1)
+    if program_in_cache or whole <= w:
+        params = 0.0
     shares = residency(w, levels)
-    t = sum(h * lv.seconds(k.bytes_in, k.bytes_out) for lv, h in shares)
-    return t, sum(h for lv, h in shares if lv.name == "memory")
+    t = sum(h * lv.seconds(k.bytes_in - params, k.bytes_out) for lv, h in shares)
+    from_memory = sum(h for lv, h in shares if lv.name == "memory") * (k.bytes - params)
+    if params:
+        far = residency(whole, levels)
+        t += sum(h * lv.seconds(params, 0.0) for lv, h in far)
+        from_memory += sum(h for lv, h in far if lv.name == "memory") * params
+    return t, from_memory / k.bytes if k.bytes else 0.0
 
 
 def moved_seconds(k, spec: HardwareSpec, bw: float, in_cache: bool = False) -> float:

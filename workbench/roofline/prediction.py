@@ -89,13 +89,15 @@ def step_terms(compute_s: float, memory_s: float, comm_s: float, host_s: float) 
     return {"compute": compute_s, "memory": memory_s, "communication": comm_s, "host transfer": host_s}
 
 
-def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1) -> tuple[float, float]:
+def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int = 1,
+                program_bytes: float = 0.0) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one execution of kernel `k` (a workbench.cost.hlo.KernelCost) at its own
     roof: its arithmetic at the peak of `peak_dtype` (pricing.arithmetic_seconds) and its bytes at `bw` (a
     Prediction's memory_bw); on a CPU host as its measured refinements price them (host.kernel_roof, `sharers`: the
-    devices of a simulated mesh running the same kernel on the host's caches)."""
+    devices of a simulated mesh running the same kernel on the host's caches; `program_bytes`: the program's
+    footprint per device, which decides whether the weights it keeps from call to call are still in the cache)."""
     if spec.kind == "cpu":
-        return host.kernel_roof(k, spec, peak_dtype, bw, sharers)
+        return host.kernel_roof(k, spec, peak_dtype, bw, sharers, program_bytes)
     return arithmetic_seconds(k, spec, peak_dtype), k.bytes / bw
 
 
@@ -117,11 +119,12 @@ class KernelTime:
     roof: str  # 'compute' | 'memory'
 
 
-def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None, sharers: int = 1) -> KernelTime:
+def kernel_time(k, spec: HardwareSpec, *, dtype, memory_bw: float | None = None, sharers: int = 1,
+                program_bytes: float = 0.0) -> KernelTime:
     """The roof of one KernelCost (workbench.cost.hlo) on `spec`, per execution: roof_seconds of kernel_roof's terms
     at `memory_bw` (default: the spec's memory bandwidth), plus the measured fixed cost of a kernel where the spec
     has one."""
-    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw, sharers)
+    kc, km = kernel_roof(k, spec, spec.peak_dtype(dtype), memory_bw or spec.hbm_bw, sharers, program_bytes)
     launch = spec.measured.kernel_launch_s or 0.0
     return KernelTime(roof_seconds(k, spec, kc, km) + launch, kc, km, "compute" if kc >= km else "memory")
 
@@ -244,7 +247,8 @@ def _kernel_seconds(cost: CostReport, spec: HardwareSpec, pdt: str, bw: float, m
         kflops = sum((k.flops - k.transcendentals + k.convert_elements) * k.count for k in cost.kernels)
         ref = cost.flops
     if cost.kernels and (ref == 0 or abs(kflops - ref) <= 0.1 * ref):
-        t = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw, sharers=mult).seconds * k.count for k in cost.kernels)
+        t = sum(kernel_time(k, spec, dtype=pdt, memory_bw=bw, sharers=mult,
+                            program_bytes=cost.peak_memory_bytes).seconds * k.count for k in cost.kernels)
         return t * mult + t_touch
     if cost.kernels:
         notes.append(f"HLO kernel flops ({kflops:.3g}) do not account for the compiler's ({ref:.3g}); "
