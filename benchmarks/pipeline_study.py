@@ -233,4 +233,7 @@ def report(rows: list[dict], out: str) -> None:
 
 
 if __name__ == "__main__":
+    from workbench.hardware.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()  # before JAX starts: huge pages for XLA:CPU buffers (workbench/hostmem.py)
     raise SystemExit(main())

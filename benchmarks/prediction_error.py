@@ -165,6 +165,10 @@ HELD_OUT = [
     ("layernorm odd [3000,1000]", "layernorm", {"rows": 3000, "cols": 1000}, "float32"),
     ("elementwise bf16 2^24", "elementwise", {"n": 1 << 24}, "bfloat16"),
     ("attention b3 h6 s384 d80", "attention", {"batch": 3, "heads": 6, "seq": 384, "head_dim": 80}, "float32"),
+    ("decode products 8 rows over 96 MiB of weights", "weight_stream", {"rows": 8, "d": 512, "f": 2048, "layers": 12},
+     "float32"),
+    ("decode products 1 row over 96 MiB of weights", "weight_stream", {"rows": 1, "d": 512, "f": 2048, "layers": 12},
+     "float32"),
 ]
 QUICK_OPS = [("matmul 300x200x100", "matmul", {"m": 300, "k": 200, "n": 100}, "float32"),
              ("sum over the short axis [4096,32]", "reduce_short", {"rows": 4096, "cols": 32}, "float32")]

@@ -268,4 +268,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from workbench.hardware.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()  # before JAX starts: the allocator `workbench serve` runs with (workbench/hostmem.py)
     sys.exit(main())

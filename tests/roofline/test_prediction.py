@@ -235,6 +235,29 @@ def test_a_few_row_product_packs_a_weight_the_program_keeps_out_of_the_cache():
     assert kernel_roof(few, host, "float32", 20e9)[0] == pytest.approx(arithmetic_seconds(few, host, "float32"))
 
 
+def test_a_kernels_reads_of_the_programs_parameters_are_placed_by_the_programs_footprint():
+    """Bytes a kernel reads straight from the program's parameters are placed by the program's footprint where it is
+    larger than the kernel's own arrays (a 4 MB weight of a 320 MB program comes from memory, not the cache); the
+    rest of its bytes by its own."""
+    from workbench.hardware.measured import MemoryLevel
+    from workbench.roofline.host import host_memory_seconds, residency, sweep_hit_rate
+
+    llc = MemoryLevel("L3", 32e6, 80e9, 1.0)
+    host = dataclasses.replace(CHIP, kind="cpu").with_measured(cache_levels=(llc,), memory_read_ratio=1.5)
+    mem = MemoryLevel("memory", float("inf"), 20e9, 1.5)
+    k = KernelCost("mv", "dot", "", 4e6 + 8e3, 8e3, 1e6, 0, dot_flops=1e6, footprint=4.02e6, dot_rows=8.0,
+                   param_bytes=4e6)
+    own = llc.seconds(8e3, 8e3)
+    t, share = host_memory_seconds(k, host, 20e9, program_bytes=320e6)
+    h = sweep_hit_rate(10.0)
+    assert t == pytest.approx(own + h * llc.seconds(4e6, 0) + (1 - h) * mem.seconds(4e6, 0))
+    assert share == pytest.approx((1 - h) * 4e6 / k.bytes)
+    # the program fits its cache, or no program footprint: the kernel's own working set places everything
+    assert host_memory_seconds(k, host, 20e9, program_bytes=30e6)[0] == pytest.approx(llc.seconds(k.bytes_in, 8e3))
+    assert host_memory_seconds(k, host, 20e9)[0] == pytest.approx(llc.seconds(k.bytes_in, 8e3))
+    assert residency(320e6, [llc, mem])[0][1] == pytest.approx(h)
+
+
 def test_a_kernel_counts_the_bytes_it_reads_from_the_programs_parameters():
     """param_bytes: the operands the entry computation hands a kernel straight from its parameters; a product of
     computed arrays reads none."""
@@ -252,6 +275,13 @@ def test_a_kernel_counts_the_bytes_it_reads_from_the_programs_parameters():
     assert sum(k.param_bytes for k in ks) >= 4 * (8 * 256 + 2 * 256 * 1024)
     assert all(k.param_bytes <= k.bytes_in for k in ks)
     assert {round(k.param_bytes) for k in dots} >= {4 * 256 * 1024}
+    from workbench.programs.ops import program
+
+    fn, abstract = program("weight_stream", {"rows": 4, "d": 64, "f": 128, "layers": 3})
+    ks = parse_kernels(jax.jit(fn).lower(*abstract).compile().as_text())
+    reads = [k.param_bytes for k in ks if k.dot_flops and k.param_bytes >= 4 * 64 * 128]
+    # every weight read straight from the program's parameters (the first product reads x, a parameter, too)
+    assert len(reads) == 6 and all(4 * 64 * 128 <= r <= 4 * 64 * 128 + 4 * 4 * 64 for r in reads), reads
     inner = parse_kernels(jax.jit(lambda x, w: jax.lax.fori_loop(0, 3, lambda i, y: jnp.tanh(y @ w), x))
                           .lower(jnp.ones((8, 256)), jnp.ones((256, 256))).compile().as_text())
     assert all(k.param_bytes == 0 for k in inner if k.dot_flops)

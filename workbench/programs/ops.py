@@ -136,8 +136,9 @@ def build(name: str, dtype: str = "float32", **sizes) -> Op:
 # the error benchmark's op forms beyond OPS (benchmarks.prediction_error): dots in other layouts and short-axis sums
 def program(builder: str, sizes: dict, dtype: str = "float32") -> tuple[Callable, tuple]:
     """(fn, abstract args) of an op by builder name: one of OPS, or `batched` (b×(m×k)·(k×n)), `matmul_tn` (Aᵀ·B),
-    `matmul_nt` (A·Bᵀ), `reduce_short` (a sum over axis 1 of rows × cols), `reduce_short_t` (over axis 0), as the
-    error benchmark and the stored-host replay (workbench.programs.replay) build them."""
+    `matmul_nt` (A·Bᵀ), `reduce_short` (a sum over axis 1 of rows × cols), `reduce_short_t` (over axis 0),
+    `weight_stream` (`layers` few-row up and down products over weights of their own), as the error benchmark and the
+    stored-host replay (workbench.programs.replay) build them."""
     import jax
     import jax.numpy as jnp
 
@@ -159,5 +160,13 @@ def program(builder: str, sizes: dict, dtype: str = "float32") -> tuple[Callable
         return (lambda x: x.sum(axis=1)), (sds(s["rows"], s["cols"]),)
     if builder == "reduce_short_t":
         return (lambda x: x.sum(axis=0)), (sds(s["rows"], s["cols"]),)
+    if builder == "weight_stream":
+        # a decode step's products alone: `layers` pairs (rows × d)·(d × f)·(f × d), each over weights of its own
+        # (program parameters, last read a call ago): the weights stream from memory when they outgrow the cache
+        def stream(x, *ws):
+            for up, down in zip(ws[::2], ws[1::2]):
+                x = (x @ up) @ down
+            return x
+        return stream, (sds(s["rows"], s["d"]),) + (sds(s["d"], s["f"]), sds(s["f"], s["d"])) * s["layers"]
     o = build(builder, dtype, **s)
     return o.fn, o.args
