@@ -5,10 +5,14 @@
     logits_b1v, cache = decode_step(model, next_token_b1, cache)       # every row one position further
 
 The cache holds, per layer, keys and values laid out (b, n_kv_heads, max_len, head_dim): attention reads a layer's
-keys as they lie (no transposed copy per step) and a new token's key/value is written into its row at that row's own
-length (`lengths`, one per sequence, so rows of a batch may hold prompts of different lengths: continuous batching).
-The write is a dynamic-update-slice per row; compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA
-writes it in place, so a decode step reads the weights and the cache once and writes only the new keys/values
+keys as they lie (XLA:CPU still transposes them for the score product at batch 1) and a new token's key/value is
+written into its row at that row's own length (`lengths`, one per sequence, so rows of a batch may hold prompts of
+different lengths: continuous batching). The write is one scatter of each row's positions, in bounds by construction
+(the start clamped as a dynamic-update-slice clamps it) and so promised to XLA: a dynamic-update-slice per row lowers
+to a scatter that selects between the new and the old values, and reading the old values made XLA:CPU copy each
+layer's value cache twice per step (the promised scatter ran a small decode step 7-8 % faster at batch 1 and 64,
+timed interleaved on a Zen 3 VM). Compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA writes it
+in place, so a decode step reads the weights and the cache once and writes only the new keys/values
 (tests/models/test_serving.py checks this from the compiled program).
 
 KV dtypes (`kv_dtype`): 'auto' (the policy's compute dtype), 'bfloat16', 'float8' (E4M3, saturating cast) and 'int8'
@@ -103,8 +107,12 @@ def _quantize_rows(x_bkth, dtype):
 
 
 def _write_rows(c_bksh, new_bkth, lengths_b):
-    """Write each row's t new positions at that row's own length (a dynamic-update-slice per row)."""
-    return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0)))(c_bksh, new_bkth, lengths_b)
+    """Write each row's t new positions at that row's own length, the start clamped so they fit (as a
+    dynamic-update-slice clamps it): one scatter, promised in bounds and unique (the module docstring)."""
+    b, k, t = new_bkth.shape[:3]
+    pos = jnp.minimum(lengths_b, c_bksh.shape[2] - t)[:, None, None] + jnp.arange(t)[None, None, :]
+    bi, ki = jnp.arange(b)[:, None, None], jnp.arange(k)[None, :, None]
+    return c_bksh.at[bi, ki, pos].set(new_bkth, mode="promise_in_bounds", unique_indices=True)
 
 
 def _store(lc: dict, k_btkh, v_btkh, lengths_b) -> dict:
