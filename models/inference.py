@@ -11,7 +11,7 @@ different lengths: continuous batching). The write is one scatter of each row's 
 (the start clamped as a dynamic-update-slice clamps it) and so promised to XLA: a dynamic-update-slice per row lowers
 to a scatter that selects between the new and the old values, and reading the old values made XLA:CPU copy each
 layer's value cache twice per step (the promised scatter ran a small decode step 7-8 % faster at batch 1 and 64,
-timed interleaved on a Zen 3 VM). Compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA writes it
+timed interleaved on a Zen 4 VM). Compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA writes it
 in place, so a decode step reads the weights and the cache once and writes only the new keys/values
 (tests/models/test_serving.py checks this from the compiled program).
 
