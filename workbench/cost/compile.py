@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -150,8 +151,8 @@ def largest_allocations(dump_dir: str, n: int = 3) -> list[dict]:
         parts = [p.strip() for p in line.split(";")]
         if len(parts) < 5 or not parts[2].isdigit():
             continue
-        size = next(((float(parts[1][:-len(u)]) * m) for u, m in sorted(_UNITS.items(), key=lambda kv: -len(kv[0]))
-                     if parts[1].endswith(u) and parts[1][:-len(u)].replace(".", "").isdigit()), None)
+        sized = re.fullmatch(r"([\d.]+)(B|KiB|MiB|GiB|TiB)", parts[1])
+        size = float(sized.group(1)) * _UNITS[sized.group(2)] if sized else None
         shapes = []
         for item in _split_shapes(parts[4]):
             times, _, shape = item.rpartition("×")

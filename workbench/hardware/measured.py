@@ -31,6 +31,17 @@ def monotone_curve(points) -> list[tuple[float, float]]:
     return [(n, r) for (n, _), r in zip(pts, rates)]
 
 
+def log_interpolate(pts: list[tuple[float, float]], x: float) -> float:
+    """The rate at `x` on a curve of (size, rate) points sorted by size: linear in log(size) between the two points
+    around it, the end point's rate beyond either end."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
+        if x <= n1:
+            return r0 + (math.log(x) - math.log(n0)) / (math.log(n1) - math.log(n0)) * (r1 - r0)
+    return pts[-1][1]
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryLevel:
     """Host only: one level of the memory hierarchy a kernel's working set can fit in.
@@ -98,15 +109,7 @@ class Measured:
         if not self.skinny_curve or name != "float32" or rows <= 0:
             return None
         pts = monotone_curve(self.skinny_curve)
-        if rows >= pts[-1][0]:
-            return None
-        if rows <= pts[0][0]:
-            return pts[0][1]
-        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
-            if n0 <= rows <= n1:
-                f = (math.log(rows) - math.log(n0)) / (math.log(n1) - math.log(n0))
-                return r0 + f * (r1 - r0)
-        return None
+        return None if rows >= pts[-1][0] else log_interpolate(pts, rows)
 
     def matmul_rate(self, size: float, name: str, peak: float) -> float:
         """Achievable FLOP/s of a matmul of the given size (cube root of m·n·k) in dtype `name` whose peak is
@@ -123,14 +126,4 @@ class Measured:
         pts = monotone_curve(curve)
         # float32's curve serves another dtype by its shape, scaled so that its top is the dtype's measured ceiling
         top = pts[-1][1] if (own is None and name != "float32") else peak
-        if size <= pts[0][0]:
-            r = pts[0][1]
-        elif size >= pts[-1][0]:
-            r = pts[-1][1]
-        else:
-            for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
-                if n0 <= size <= n1:
-                    f = (math.log(size) - math.log(n0)) / (math.log(n1) - math.log(n0))
-                    r = r0 + f * (r1 - r0)
-                    break
-        return min(peak, r * peak / top)
+        return min(peak, log_interpolate(pts, size) * peak / top)

@@ -308,13 +308,12 @@ def _quantized_abstract(params, p_sh, mesh, compute_dtype, quant: str):
 
     abs_q = jax.eval_shape(lambda p: serving.quantize_params(serving.cast_params(p, compute_dtype), quant), params)
     sh_of = {path: var.get_value() for path, var in nnx.to_flat_state(p_sh)}
+    size = lambda ax: 1 if ax is None else math.prod(mesh.shape[a] for a in ((ax,) if isinstance(ax, str) else ax))
     pairs = []
     for path, var in nnx.to_flat_state(abs_q):
         v, sh = var.get_value(), sh_of[path]
         if serving.is_quantized(v):
             spec = tuple(sh.spec) + (None,) * (v.qvalue.ndim - len(sh.spec))
-            size = lambda ax: 1 if ax is None else math.prod(mesh.shape[a] for a in
-                                                                ((ax,) if isinstance(ax, str) else ax))
             scale_spec = [ax if n % size(ax) == 0 and n > 1 else None for ax, n in zip(spec, v.scale.shape)]
             v = dataclasses.replace(
                 v, qvalue=jax.ShapeDtypeStruct(v.qvalue.shape, v.qvalue.dtype, sharding=sh),

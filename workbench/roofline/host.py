@@ -64,7 +64,7 @@ def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: floa
     arithmetic (a single row runs a matrix-vector kernel that streams the weight as it multiplies: nothing to add).
     The weight is read by the kernel straight from the program's parameters (KernelCost.param_bytes); between one
     call and the next the program touches its whole footprint, so the share of the weight the last-level cache still
-    holds is the hit rate of a cyclic sweep over that footprint (sweep_hit_rate), the rest is read from memory and
+    holds is placed by `residency` over that footprint (a cyclic sweep's hit rate), the rest is read from memory and
     written into the cache. 0 where the program fits the last-level cache, or without a skinny curve."""
     rows = getattr(k, "dot_rows", 0.0)
     if not (k.dot_flops and rows >= 2 and getattr(k, "param_bytes", 0.0) and program_bytes):
@@ -75,7 +75,7 @@ def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: floa
     if len(levels) < 2:
         return 0.0
     cache, memory = levels[-2], levels[-1]
-    missed = 1.0 - sweep_hit_rate(program_bytes / cache.capacity)
+    missed = sum(h for lv, h in residency(program_bytes, levels) if lv is memory)
     return missed * (memory.seconds(k.param_bytes, 0.0) + cache.seconds(0.0, k.param_bytes))
 
 
