@@ -40,6 +40,26 @@ def test_local_pool_runs_tasks_in_other_processes():
     assert sum(r["tasks"] for r in rows) == 3 and sum(r["failed"] for r in rows) == 1
 
 
+def test_a_pool_found_broken_when_submitting_is_started_again():
+    """A worker that dies after its pool's last task ended leaves the pool broken for the next submit: the task is
+    put back (no try counted), the pool started again, and every task still runs once."""
+    class BreaksOnce(ex.PoolExecutor):
+        broke = False
+
+        def _pool(self):
+            pool = super()._pool()
+            if not BreaksOnce.broke:
+                BreaksOnce.broke = True
+                pool.shutdown(wait=True)
+                pool._broken = "a worker died"  # what the pool's manager thread sets when a worker is killed
+            return pool
+
+    started = []
+    with BreaksOnce(workers=2) as pool:
+        by = _check(list(pool.run(TASKS, on_start=lambda t: started.append(t.key))))
+    assert sorted(started) == ["add", "div", "mul"] and all(r.attempts == 1 for r in by.values())
+
+
 @pytest.mark.parametrize("workers,ray,msg", [(0, None, "positive whole number"), (-3, None, "positive"),
                                              (2, "auto", "give one"), (None, "127.0.0.1:1", "no Ray cluster answers"),
                                              (None, "not-an-address", "not an address")])

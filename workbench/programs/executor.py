@@ -142,13 +142,23 @@ class PoolExecutor(Executor):
         queue.reverse()
         live: dict[cf.Future, tuple[Task, int]] = {}
         while queue or live:
+            broken = False
             while queue and len(live) < self.workers:
                 t, n = queue.pop()
-                live[self._pool().submit(call, t.fn, t.args)] = (t, n)
+                try:
+                    fut = self._pool().submit(call, t.fn, t.args)
+                except cf.process.BrokenProcessPool:
+                    # a worker died after its pool's last task ended: the task never started, so it is no try
+                    queue.append((t, n))
+                    broken = True
+                    break
+                live[fut] = (t, n)
                 if on_start and n == 1:
                     on_start(t)
-            finished, _ = cf.wait(list(live), return_when=cf.FIRST_COMPLETED)
-            if any(isinstance(f.exception(), cf.process.BrokenProcessPool) for f in finished):
+            if not broken:
+                finished, _ = cf.wait(list(live), return_when=cf.FIRST_COMPLETED)
+                broken = any(isinstance(f.exception(), cf.process.BrokenProcessPool) for f in finished)
+            if broken:
                 # a worker died, and the pool with it: every task it held ends; those that finished are kept, the
                 # others run again on a new pool
                 cf.wait(list(live))
