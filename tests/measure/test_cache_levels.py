@@ -74,3 +74,25 @@ def test_without_measured_levels_the_os_last_level_cache_stays():
     spec = spec_from_calibration(_with_levels([]))
     assert spec.measured.cache_levels is None and spec.onchip_bytes == 32 * MiB
     assert [lv.name for lv in memory_levels(spec, spec.hbm_bw)] == ["LLC", "memory"]
+
+
+def test_a_level_streamed_over_all_of_it_gives_the_capacity_whose_replacement_matches():
+    """The last level streamed over its whole capacity: the share from the cache is read off the times' mix between
+    the level's rate and memory's, and the capacity given to the pricing is the one whose sweep hit rate
+    (`residency`) is that share at the whole capacity — so the pricing reproduces the sample it came from."""
+    from workbench.hardware.measured import MemoryLevel
+    from workbench.measure.calibrate import fill_capacity
+    from workbench.roofline.host import residency
+
+    cap = 32 * MiB
+    assert fill_capacity(100e9, 99e9, 25e9, cap) == (pytest.approx(0.9966, abs=1e-4), cap)  # all of it: kept
+    assert fill_capacity(100e9, 20e9, 25e9, cap) == (0.0, cap / 10)  # slower than memory: a tenth
+    assert fill_capacity(20e9, 20e9, 25e9, cap) == (1.0, cap)  # no faster than memory: nothing to read off
+    h, eff = fill_capacity(100e9, 40e9, 25e9, cap)
+    assert h == pytest.approx((1 / 25 - 1 / 40) / (1 / 25 - 1 / 100))  # 0.5
+    assert eff < cap
+    levels = [MemoryLevel("L3", eff, 100e9, 1.0), MemoryLevel("memory", float("inf"), 25e9, 1.0)]
+    shares = dict((lv.name, s) for lv, s in residency(cap, levels))
+    assert shares["L3"] == pytest.approx(h, rel=1e-6)
+    t = shares["L3"] * cap / 100e9 + shares["memory"] * cap / 25e9
+    assert cap / t == pytest.approx(40e9, rel=1e-6)  # the full stream's own rate

@@ -64,7 +64,9 @@ def test_vector_figures_take_the_median_exp_samples_level():
 
     def cal():
         return {"transcendentals": {"exp": {"per_s": 2e9}, "tanh": {"per_s": 3e9}}, "convert": {"per_s": 10e9},
-                "reduce": {"in_cache": {"per_s": 18e9}, "from_memory": {"per_s": 9e9}}}
+                "reduce": {"in_cache": {"per_s": 18e9}, "from_memory": {"per_s": 9e9}},
+                "transcendentals_library": {"per_s": 4e9, "per_s_beyond_pass": 6e9},
+                "library_fusion": {"ops": {"per_s": 80e9}, "pass": {"per_s": 20e9}}}
 
     c = cal()
     findings = apply_vector_level(c, {"start": 1.0e9, "middle": 2e9, "end": 1.5e9})
@@ -74,6 +76,8 @@ def test_vector_figures_take_the_median_exp_samples_level():
     assert c["convert"]["per_s"] == 7.5e9 and c["reduce"]["in_cache"]["per_s"] == 13.5e9
     assert c["reduce"]["from_memory"]["per_s"] == 9e9 and "per_s_measured" not in c["reduce"]["from_memory"]
     assert c["convert"]["per_s_measured"] == 10e9
+    assert c["transcendentals_library"]["per_s"] == 3e9 and c["transcendentals_library"]["per_s_beyond_pass"] == 4.5e9
+    assert c["library_fusion"]["ops"]["per_s"] == 60e9 and c["library_fusion"]["pass"]["per_s"] == 15e9
     assert len(findings) == 1 and "1.00–2.00 G/s" in findings[0] and "×0.75" in findings[0]
     steady = cal()
     assert apply_vector_level(steady, {"start": 1.95e9, "middle": 2e9, "end": 2.1e9}) == []

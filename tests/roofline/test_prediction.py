@@ -167,6 +167,46 @@ def test_reductions_and_conversions_bound_a_host_kernel_by_their_throughput():
     assert kernel_roof(conv, CHIP, "float32", 1e12)[0] == pytest.approx(7e8 / 10e12)
 
 
+def test_a_library_fusion_adds_its_loops_where_the_library_was_measured():
+    """A YNN fusion's arithmetic, where the calibration timed the library's own loops: its reductions, the pass that
+    writes each computed operand it reduces, its other elementwise flops and its special functions add, one vector
+    loop after another. Without those figures, or for XLA's own kernels, the slowest term bounds it as before."""
+    from workbench.roofline.prediction import kernel_roof
+
+    host = dataclasses.replace(CHIP, kind="cpu").with_measured(reduce_per_s=1e9, reduce_per_s_cached=4e9,
+                                                               onchip_bw=4e12, transcendentals_per_s_library=2e9)
+    # a softmax over 1e8 elements: max and sum (2e8 reduced), exp (1e8), subtract and divide (2e8 flops)
+    k = KernelCost("s", "kCustom", "", 4e8, 4e8, 5e8, 1e8, library="__ynn_fusion", reduce_elements=2e8,
+                   produced_reduce_elements=1e8)
+    bound = max(2e8 / 4e9, 5e8 / host.peak_flops["float32"] + 1e8 / 2e9)
+    assert kernel_roof(k, host, "float32", 4e12)[0] == pytest.approx(bound)
+    lib = host.with_measured(library_pass_per_s=5e9, library_ops_per_s=50e9)
+    assert kernel_roof(k, lib, "float32", 4e12)[0] == pytest.approx(2e8 / 4e9 + 1e8 / 5e9 + 2e8 / 50e9 + 1e8 / 2e9)
+    xla = dataclasses.replace(k, library="")
+    assert kernel_roof(xla, lib, "float32", 4e12) == kernel_roof(xla, host, "float32", 4e12)
+
+
+def test_a_kernel_counts_the_reductions_over_operands_it_computes():
+    """produced_reduce_elements: a layernorm's variance reduces an operand the kernel computes; its mean, or a sum
+    over the input through a conversion, reduce what the kernel reads."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.cost.hlo import parse_kernels
+    from workbench.programs import ops
+
+    def produced(f, *args):  # (elements reduced, of them over computed operands), over the program's kernels
+        ks = parse_kernels(jax.jit(f).lower(*args).compile().as_text())
+        return sum(k.reduce_elements for k in ks), sum(k.produced_reduce_elements for k in ks)
+
+    n = 256 * 512
+    fn, args, *_ = ops.layernorm(256, 512, "float32")
+    assert produced(fn, *args) == (2 * n, n)  # the variance's (x − mean)²; the mean reads x
+    x = jnp.ones((256, 512), jnp.bfloat16)
+    assert produced(lambda v: v.astype(jnp.float32).sum(-1), x) == (n, 0)
+    assert produced(lambda v: (v * v).sum(-1), x) == (n, n)
+
+
 def test_the_matmul_curve_is_read_as_its_monotone_fit():
     from workbench.hardware.measured import monotone_curve
 

@@ -59,6 +59,10 @@ def register(app: typer.Typer) -> None:
                     if lv.get("bytes_per_s") else f"{'':8s} {lv.get('note', 'not timed')}")
             print(f"  L{lv['level']} {lv['type'][:7]:7s} {lv['capacity_bytes'] / 2**20:9.2f} MiB "
                   f"({lv['instances']} × {lv['size_bytes'] / 2**10:.0f} KiB) {rate}")
+            full = lv.get("full")
+            if full and lv.get("bytes_per_s"):
+                print(f"     over all {full['working_set_bytes'] / 2**20:.0f} MiB: {full['bytes_per_s'] / 1e9:.2f} GB/s, "
+                      f"{full['hit_share']:.0%} from the cache: priced as {lv['effective_bytes'] / 2**20:.1f} MiB")
         if cal.get("stream_inplace"):
             wa = write_allocates(cal)
             print(f"  in-place stream    {cal['stream_inplace']['bytes_per_s'] / 1e9:8.2f} GB/s (output over its input; "
@@ -82,7 +86,14 @@ def register(app: typer.Typer) -> None:
             extra = f" (independent: {indep[k]['per_s'] / 1e9:.2f})" if k in indep else ""
             print(f"  {k:5s} chain          {v['per_s'] / 1e9:8.2f} G/s{extra}")
         if (cal.get("transcendentals_library") or {}).get("per_s"):
-            print(f"  exp in a library fusion {cal['transcendentals_library']['per_s'] / 1e9:.2f} G/s")
+            tl = cal["transcendentals_library"]
+            print(f"  exp in a library fusion {tl['per_s'] / 1e9:.2f} G/s"
+                  + (f" ({tl['per_s_beyond_pass'] / 1e9:.2f} beyond its operand's pass)"
+                     if tl.get("per_s_beyond_pass") else ""))
+        libf = cal.get("library_fusion") or {}
+        if (libf.get("pass") or {}).get("per_s") and (libf.get("ops") or {}).get("per_s"):
+            print(f"  library fusion     {libf['ops']['per_s'] / 1e9:8.2f} G elementwise flops/s; a reduced operand's "
+                  f"pass {libf['pass']['per_s'] / 1e9:.2f} G elements/s")
         if (cal.get("kernel_launch") or {}).get("per_kernel_s"):
             print(f"  kernel launch      {cal['kernel_launch']['per_kernel_s'] * 1e6:8.2f} µs per kernel in a program")
         rv = cal.get("rendezvous") or {}

@@ -410,6 +410,10 @@ class KernelCost:
     # weights, a cache, optimizer state) where the entry computation hands them to it directly (through bitcasts);
     # 0 inside loops and called computations. Such a read's reuse distance is the whole program's footprint.
     param_bytes: float = 0.0
+    # of reduce_elements, those whose operand the kernel computes itself (a sum over (x − mean)², over exp(x − max)),
+    # not an array it reads as it is: a library fusion (XLA:CPU's YNN kernels) writes such an operand into a buffer
+    # in a pass of its own before it reduces it (Measured.library_pass_per_s)
+    produced_reduce_elements: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -1125,10 +1129,11 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 ops = _opcode_counts(fused)
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
                 passes = reduction_consumed(body, shapes)
+                produced = produced_reductions(body, shapes)
                 trans_el = strided_transposes(fused, by_name) if not dflops else 0.0
                 rows = dot_rows(body, shapes, mod) if dflops else 0.0
             else:
-                passes = False
+                passes, produced = False, 0.0
                 ops, library = ((op, 1),), custom_call_target(ins.attrs) if op == "custom-call" else ""
                 kind = op
                 flops, trans, dflops, dsize, red, conv = _computation_cost([ins], shapes)
@@ -1155,7 +1160,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
             out.append(KernelCost(ins.name, kind, " ".join(map(str, shp)) if shp else "", bytes_in,
                                   bytes_out, flops, trans, m, dflops, dsize, ops, library, red, conv, passes,
                                   trans_el, sum(operand_bytes) + out_bytes, to_host, from_host, rows,
-                                  min(from_params, bytes_in)))
+                                  min(from_params, bytes_in), produced))
     return out
 
 
@@ -1246,6 +1251,26 @@ def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:
                     return True
                 todo.append(u.name)
     return False
+
+
+# ops that hand an array on as it is (no arithmetic): a reduction over one of them reads the array itself
+_PASS_THROUGH_OPS = ("bitcast", "reshape", "copy", "convert", "transpose", "broadcast", "slice")
+
+
+def produced_reductions(body: list[Instr], shapes: dict[str, Shape]) -> float:
+    """Elements reduced in a fusion whose operand the fusion computes (through an op with arithmetic), rather than
+    reads from a parameter through ops that only move or convert it: see KernelCost.produced_reduce_elements."""
+    by_name = {i.name: i for i in body}
+    total = 0.0
+    for r in body:
+        if r.opcode != "reduce" or not r.operands or r.operands[0] not in shapes:
+            continue
+        src = by_name.get(r.operands[0])
+        while src is not None and src.opcode in _PASS_THROUGH_OPS and src.operands:
+            src = by_name.get(src.operands[0])
+        if src is not None and src.opcode not in ("parameter", "constant", "iota"):
+            total += shapes[r.operands[0]].elements
+    return total
 
 
 _LAYOUT_RE = re.compile(r"\[([0-9,]*)\]\{([0-9,]*)")

@@ -101,6 +101,11 @@ class Measured:
     # host: special-function results/s inside a library fusion (XLA:CPU's YNN kernels: a softmax, a reduction
     # over exponentials), which evaluates them with its own vector code; None: transcendentals_per_s
     transcendentals_per_s_library: float | None = None
+    # host: inside a library fusion, elements/s of the pass that writes a reduction's computed operand into a buffer
+    # before reducing it, and elementwise flops/s of its vector loops (KernelCost.produced_reduce_elements;
+    # workbench.roofline.host.library_compute_seconds); None: a library fusion is priced as XLA's own kernels are
+    library_pass_per_s: float | None = None
+    library_ops_per_s: float | None = None
 
     def skinny_rate(self, rows: float, name: str) -> float | None:
         """Achievable float32 FLOP/s of a product whose smallest side has `rows` rows, from skinny_curve

@@ -49,7 +49,7 @@ from workbench.hardware.measured import Measured, MemoryLevel
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 26
+CALIBRATION_VERSION = 27
 
 
 def cache_dir() -> str:
@@ -706,7 +706,55 @@ def measure_cache_levels(caches: list[dict], dev, quick: bool, quiet: bool, memo
                             f"({lo / 1e9:.1f}–{hi / 1e9:.1f} GB/s over the last three): the machine is noisy")
         out.append(lv)
         below = cap
+    findings += _fill_last_level(out, dev, launch, quiet, memory_bw)
     return out, findings
+
+
+def fill_capacity(level_bw: float, full_bw: float, memory_bw: float, capacity: float) -> tuple[float, float]:
+    """(share of a stream's traffic the level served, the capacity that share gives) from the out-of-place stream
+    over a working set of the level's whole capacity (`full_bw`), against the same stream over half of it
+    (`level_bw`, all from the level) and over memory (`memory_bw`): the times mix as h / level + (1 − h) / memory,
+    and `residency` prices a sweep over W beyond a capacity C with the hit rate of random replacement, so the C that
+    gives h at W = capacity is capacity / r with 1 − m = exp(−m·r), m = 1 − h: r = −ln(h) / (1 − h). A level that
+    served the whole working set (h ≥ 0.97) keeps its capacity; one that served none of it, a tenth."""
+    if not (level_bw > memory_bw > 0 and full_bw > 0):
+        return 1.0, capacity
+    h = (1.0 / memory_bw - 1.0 / full_bw) / (1.0 / memory_bw - 1.0 / level_bw)
+    h = min(max(h, 0.0), 1.0)
+    if h >= 0.97:
+        return h, capacity
+    if h <= 0.0:
+        return h, capacity / 10
+    return h, max(capacity * (1.0 - h) / -math.log(h), capacity / 10)
+
+
+def _fill_last_level(levels: list[dict], dev, launch: float | None, quiet: bool, memory_bw: float | None) -> list[str]:
+    """The last-level cache with a rate, streamed once more over its whole effective capacity (input and output
+    together): a kernel whose arrays fill the cache (a 16 MiB array into a 16 MiB result on a 32 MiB cache) runs
+    between the level's rate and memory's, as the cache is shared with what else runs (other tenants of a VM's host,
+    the process's own code and data) and replaces lines imperfectly. fill_capacity turns that stream's rate into the
+    capacity the pricing gives the level (`effective_bytes`); the sample is kept as `full`."""
+    timed = [lv for lv in levels if lv.get("bytes_per_s")]
+    if not (timed and memory_bw):
+        return []
+    lv = timed[-1]
+    cap = float(lv.get("effective_bytes") or lv["capacity_bytes"])
+    nel = int(cap // 8)
+    if nel * 4 > MMAP_THRESHOLD:
+        return []  # beyond glibc's threshold a fresh output faults in every call: not the cache's rate
+    launch = _launch_seconds(dev) if launch is None else launch
+    _say(f"calibrate: L{lv['level']} stream over {2 * nel * 4 / 2**20:.2f} MiB (all of its {cap / 2**20:.1f} MiB; "
+         "repeated until stable)", quiet)
+    st, _, _ = _level_rate(nel, dev, launch)
+    h, eff = fill_capacity(lv["bytes_per_s"], st["median"], memory_bw, cap)
+    lv["full"] = {"working_set_bytes": 2 * nel * 4, "bytes_per_s": st["median"], "samples": st["samples"],
+                  "spread": st["spread"], "stable": st["stable"], "hit_share": h, "capacity_bytes": cap}
+    lv["effective_bytes"] = int(eff)
+    if eff >= cap:
+        return []
+    return [f"L{lv['level']}: a stream over all of its {cap / 2**20:.0f} MiB ran at {st['median'] / 1e9:.1f} GB/s "
+            f"(half of it: {lv['bytes_per_s'] / 1e9:.1f}, memory: {memory_bw / 1e9:.1f}): {h:.0%} of it from the "
+            f"cache, priced as a {eff / 2**20:.1f} MiB level (the capacity whose replacement gives that share)"]
 
 
 def _transcendental_throughput(vprobe, reps: int, quiet: bool) -> dict:
@@ -733,31 +781,62 @@ def _transcendental_throughput(vprobe, reps: int, quiet: bool) -> dict:
     return out
 
 
-def _transcendental_library(dev, nel: int, reps: int, quiet: bool) -> dict:
-    """Exponentials/s inside a library fusion (XLA:CPU's YNN kernels, which fuse a softmax's passes): a row sum of
-    exp(x) against the row sum of x over the same in-cache [rows, 1024] array, alternating in three rounds; the extra
-    time is the exponentials' (nel / the extra time), or nel / the whole exp-sum time where the difference is lost in
-    the noise (under 5 %)."""
+def _fma_chain(depth: int):
+    """v -> `depth` multiply-adds of v (2·depth flops per element)."""
+    def f(v):
+        for i in range(depth):
+            v = v * (1.0 + 0.25 * i) + 0.5
+        return v
+    return f
+
+
+def _transcendental_library(dev, nel: int, reps: int, quiet: bool) -> tuple[dict, dict]:
+    """(exponentials/s inside a library fusion, the library fusion's own passes): XLA:CPU's YNN kernels fuse a
+    reduction with the ops that compute its operand (a softmax's exp and sum, a layernorm's variance), but write that
+    operand into a buffer in a pass of its own before reducing it, and run each elementwise op of the chain as a
+    vector loop over it. Row sums over the same in-cache [rows, 1024] float32 array of x, of x·a + b, of four such
+    multiply-adds and of exp(x), alternating in five rounds (medians):
+        ops/s     = 6 · n / (t(4 multiply-adds) − t(1))          (the six extra flops per element)
+        pass      = t(1 multiply-add) − t(sum) − 2 · n / ops/s    (the produced operand's pass; elements/s = n / pass)
+        exp/s     = n / (t(exp) − t(sum) − pass)                  (the exponentials beyond that pass)
+    A calibration without these (before version 27) keeps exp/s = n / (t(exp) − t(sum)), which holds the pass.
+    Where a difference is lost in the noise (under 5 % of its larger time) the figure is None."""
     import jax
     import jax.numpy as jnp
 
     rows = max(nel // 1024, 1)
     x = jax.device_put(jax.random.uniform(jax.random.key(7), (rows, 1024), jnp.float32, -1.0, 0.0), dev)
-    _say(f"calibrate: exp inside a library reduction fusion ([{rows}, 1024] in cache)", quiet)
-    progs = {"exp_sum": jax.jit(lambda v: jnp.exp(v).sum(-1)).lower(x).compile(),
-             "sum": jax.jit(lambda v: v.sum(-1)).lower(x).compile()}
+    _say(f"calibrate: exp and multiply-adds inside a library reduction fusion ([{rows}, 1024] in cache)", quiet)
+    fns = {"exp_sum": lambda v: jnp.exp(v).sum(-1), "sum": lambda v: v.sum(-1),
+           "fma1_sum": lambda v: _fma_chain(1)(v).sum(-1), "fma4_sum": lambda v: _fma_chain(4)(v).sum(-1)}
+    progs = {k: jax.jit(f).lower(x).compile() for k, f in fns.items()}
     times: dict[str, list[float]] = {k: [] for k in progs}
-    for r in range(3):
+    for r in range(5):  # each call is a fraction of a millisecond: many repeats, as differences are taken
         for k, c in progs.items():
-            times[k] += measure(c, x, warmup=2 if r == 0 else 1, repeats=math.ceil(reps / 3)).times_s
+            times[k] += measure(c, x, warmup=2 if r == 0 else 1, repeats=2 * reps).times_s
     t = {k: summarize(v, warmup=1, calls=1, compile_s=None).median_s for k, v in times.items()}
-    extra = t["exp_sum"] - t["sum"]
     n = rows * 1024
     kinds = {k: [kc.library for kc in parse_kernels(c.as_text())] for k, c in progs.items()}
-    return {"per_s": n / extra if extra > 0.05 * t["exp_sum"] else n / t["exp_sum"], "seconds": t,
-            "elements": n, "kernels": kinds,
-            "how": "row sums of exp(x) and of x over an in-cache [rows, 1024] float32 array, alternating in rounds: "
-                   "elements / extra time"}
+
+    def above_noise(a: float, b: float) -> bool:
+        return a - b > 0.05 * a
+
+    ops = 6 * n / (t["fma4_sum"] - t["fma1_sum"]) if above_noise(t["fma4_sum"], t["fma1_sum"]) else None
+    pass_s = t["fma1_sum"] - t["sum"] - (2 * n / ops if ops else 0.0)
+    pass_s = pass_s if (ops and pass_s > 0.05 * t["fma1_sum"]) else None
+    extra = t["exp_sum"] - t["sum"]
+    exp = {"per_s": n / extra if extra > 0.05 * t["exp_sum"] else n / t["exp_sum"], "seconds": t,
+           "elements": n, "kernels": kinds,
+           "how": "row sums of exp(x) and of x over an in-cache [rows, 1024] float32 array, alternating in rounds: "
+                  "elements / extra time (the produced operand's pass included)"}
+    beyond = t["exp_sum"] - t["sum"] - (pass_s or 0.0)
+    if pass_s and beyond > 0.05 * t["exp_sum"]:
+        exp["per_s_beyond_pass"] = n / beyond
+    lib = {"ops": {"per_s": ops}, "pass": {"per_s": n / pass_s if pass_s else None}, "seconds": t, "elements": n,
+           "kernels": kinds, "library": all(k and k[0] for k in kinds.values()),
+           "how": "row sums of x, of x·a + b and of four multiply-adds over an in-cache [rows, 1024] float32 array, "
+                  "alternating in rounds: ops/s = 6 n / (t4 − t1); pass = t1 − t(sum) − 2 n / ops/s"}
+    return exp, lib
 
 
 def _first_touch(xbig, st: dict, nel: int, reps: int, quiet: bool) -> dict:
@@ -885,7 +964,7 @@ def run_calibration(*, quick: bool = False, quiet: bool = False) -> dict:
     out["first_touch"] = _first_touch(xbig, st, nel, reps, quiet)
     out["transcendentals"] = _transcendentals(vprobe, nel_t, reps, quiet)
     out["transcendentals_throughput"] = _transcendental_throughput(vprobe, reps, quiet)
-    out["transcendentals_library"] = _transcendental_library(dev, nel_t, reps, quiet)
+    out["transcendentals_library"], out["library_fusion"] = _transcendental_library(dev, nel_t, reps, quiet)
     _call_costs(out, dev, reps, quick, quiet)
     for i in range(4):  # the end sample, and up to three more until the last three agree within 15 %
         bw_end, st_end, _ = _stream_sample(nel, dev, few, quiet, "end" if i == 0 else f"end, again ({i})", xbig)
@@ -1128,6 +1207,7 @@ def _vector_figures(cal: dict) -> list[dict]:
     out += list((cal.get("transcendentals_throughput") or {}).values())
     if (cal.get("transcendentals_library") or {}).get("per_s"):
         out.append(cal["transcendentals_library"])
+    out += [v for v in ((cal.get("library_fusion") or {}).get(k) or {} for k in ("ops", "pass")) if v.get("per_s")]
     if (cal.get("convert") or {}).get("per_s"):
         out.append(cal["convert"])
     if ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s"):
@@ -1149,6 +1229,8 @@ def apply_vector_level(cal: dict, samples: dict[str, float]) -> list[str]:
     for v in _vector_figures(cal):
         v["per_s_measured"] = v["per_s"]
         v["per_s"] = v["per_s"] * factor
+        if v.get("per_s_beyond_pass"):
+            v["per_s_beyond_pass"] *= factor
     cal["vector_level"] = {"samples": dict(samples), "range_per_s": [vals[0], vals[-1]], "factor": factor,
                            "level": med, "depth": VECTOR_DEPTH,
                            "sampled": "the exp chain at the start, in the special-function phase (middle) and at the "
@@ -1293,9 +1375,16 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
     # special functions: their throughput over independent elements (version 23 on), else the 2-deep chains
     tr = cal.get("transcendentals_throughput") or cal["transcendentals"]
     rate = sorted(v["per_s"] for v in tr.values())[len(tr) // 2]  # the median function
-    # inside a library (YNN) fusion: measured there (version 23 on), else that library's in-cache reduction rate
-    lib = (cal.get("transcendentals_library") or {}).get("per_s") or \
+    # inside a library (YNN) fusion: measured there (version 23 on; from version 27 beyond the pass that writes the
+    # reduced operand, which is priced on its own), else that library's in-cache reduction rate
+    libf = cal.get("library_fusion") or {}
+    lib_pass = (libf.get("pass") or {}).get("per_s")
+    lib_ops = (libf.get("ops") or {}).get("per_s")
+    tl = cal.get("transcendentals_library") or {}
+    lib = (tl.get("per_s_beyond_pass") if lib_pass else None) or tl.get("per_s") or \
         ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s")
+    if not tl.get("per_s_beyond_pass"):
+        lib_pass = None  # the exponentials' rate holds the pass: not priced twice
     feat = cal["cpu"]
     levels = host_cache_levels(cal)
     # the last-level cache as the pricing holds it: the largest measured level (what this process really holds,
@@ -1330,6 +1419,7 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
             transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
             cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
             transcendentals_per_s_library=lib,
+            library_pass_per_s=lib_pass if lib_ops else None, library_ops_per_s=lib_ops if lib_pass else None,
             physical_peak_flops=cal["physical"]["peak_flops"],
             physical_clock_ghz=cal["physical"]["derivation"].get("clock_ghz")),
         onchip_bytes=onchip_bytes, matrix_unit=None, transcendentals_per_s=rate,

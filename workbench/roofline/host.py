@@ -8,7 +8,9 @@ CPU (`spec.kind == "cpu"`); every figure they use is a field of `spec.measured` 
 
     kernel compute = max(arithmetic, reductions / reduction rate, conversions / conversion rate)
                      (the three add for a dot after a reduction it consumes: dependent passes; a product with few
-                     rows adds the packing of a weight the program's footprint keeps out of the cache)
+                     rows adds the packing of a weight the program's footprint keeps out of the cache; a library
+                     fusion whose loops the calibration timed: reductions + the pass over each computed operand it
+                     reduces + its flops at the library's op rate + its special functions, one loop after another)
     kernel memory  = Σ over the levels its working set reaches: share × level.seconds(bytes in, bytes out),
                      bounded below by its strided transposes at the transpose rate
     kernel time    = max(compute, memory), or compute + memory for a kernel that walks its rows in dependent passes
@@ -50,11 +52,31 @@ def kernel_roof(k, spec: HardwareSpec, peak_dtype: str, bw: float, sharers: int 
     t_red = k.reduce_elements / red_rate if (red_rate and k.reduce_elements) else 0.0
     t_conv = k.convert_elements / m.convert_per_s if (m.convert_per_s and k.convert_elements) else 0.0
     compute = max(arith + weight_packing_seconds(k, spec, bw, program_bytes * max(sharers, 1)), t_red, t_conv)
-    if k.dependent_passes and k.dot_flops:
+    lib = library_compute_seconds(k, spec, t_red)
+    if lib is not None:
+        compute = max(lib, t_conv)
+    elif k.dependent_passes and k.dot_flops:
         # a dot after a reduction it consumes (an attention's softmax fused with its dot): one pass after another,
         # their work adds; a softmax or a layernorm alone overlaps its special functions with its reductions
         compute = arith + t_red + t_conv
     return compute, max(t_mem, transpose_seconds(k, spec, in_cache))
+
+
+def library_compute_seconds(k, spec: HardwareSpec, reduce_s: float) -> float | None:
+    """The arithmetic of a library fusion without dots (XLA:CPU's YNN kernels: a softmax, a layernorm, a sum over a
+    computed operand), where the calibration measured the library's own loops (Measured.library_pass_per_s,
+    library_ops_per_s): the library runs its ops one vector loop after another over each tile, so their times add —
+    its reductions (`reduce_s`), the pass that writes each reduction's computed operand into a buffer
+    (KernelCost.produced_reduce_elements), its other elementwise flops at the library's op rate, and its special
+    functions at the rate measured inside one. None for any other kernel, or without those figures."""
+    m = spec.measured
+    if not (k.library == "__ynn_fusion" and not k.dot_flops and m.library_pass_per_s and m.library_ops_per_s):
+        return None
+    produced = getattr(k, "produced_reduce_elements", 0.0)
+    other = max(k.flops - k.reduce_elements - k.transcendentals, 0.0)
+    trans_rate = m.transcendentals_per_s_library or spec.transcendentals_per_s
+    return (reduce_s + produced / m.library_pass_per_s + other / m.library_ops_per_s
+            + (k.transcendentals / trans_rate if trans_rate else 0.0))
 
 
 def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: float) -> float:
