@@ -84,7 +84,7 @@ def test_hosts_with_measured_cache_levels_replay_their_demo_and_held_out_ops(fol
         pytest.skip(f"{os.path.basename(folder)} drifted while measured: in-sample ops missed by {drift:.0%}")
     rows = replay(folder)
     s = summarize(rows)
-    assert s["demo_rows"] >= 8 and s["heldout_rows"] == 14
+    assert s["demo_rows"] >= 8 and s["heldout_rows"] >= 14  # 16 from 2026-12-07: two decode-like products
     demo = [(r.name, round(r.signed_error, 2)) for r in rows if r.source.startswith("demo")]
     assert s["demo_median"] <= 0.15 and s["demo_max_fastest"] <= 0.5, (s["demo_median"], demo)
     assert s["heldout_median"] <= 0.12, s["heldout_median"]
