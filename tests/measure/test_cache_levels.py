@@ -96,3 +96,23 @@ def test_a_level_streamed_over_all_of_it_gives_the_capacity_whose_replacement_ma
     assert shares["L3"] == pytest.approx(h, rel=1e-6)
     t = shares["L3"] * cap / 100e9 + shares["memory"] * cap / 25e9
     assert cap / t == pytest.approx(40e9, rel=1e-6)  # the full stream's own rate
+
+
+def test_a_library_fusions_loops_are_priced_only_where_all_were_measured_inside_one():
+    """The stored Zen 4 calibration (version 27) timed the library's loops: the spec carries the pass and op rates
+    and the exponentials' rate beyond the pass. Without the pass, or with probes that ran outside a library fusion,
+    none of them is priced and the exponentials keep the rate that holds the pass."""
+    zen4 = os.path.join(os.path.dirname(ZEN5), "..", "zen4-2026-12-07", "calibration.json")
+    with open(zen4) as f:
+        cal = json.load(f)
+    tl = cal["transcendentals_library"]
+    m = spec_from_calibration(cal).measured
+    assert m.library_pass_per_s == cal["library_fusion"]["pass"]["per_s"] > 0
+    assert m.library_ops_per_s == cal["library_fusion"]["ops"]["per_s"] > 0
+    assert m.transcendentals_per_s_library == tl["per_s_beyond_pass"] > tl["per_s"]
+    for broken in ({"pass": {"per_s": None}}, {"library": False}):
+        c = copy.deepcopy(cal)
+        c["library_fusion"].update(broken)
+        m = spec_from_calibration(c).measured
+        assert m.library_pass_per_s is None and m.library_ops_per_s is None
+        assert m.transcendentals_per_s_library == tl["per_s"]

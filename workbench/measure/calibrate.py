@@ -1378,13 +1378,15 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
     # inside a library (YNN) fusion: measured there (version 23 on; from version 27 beyond the pass that writes the
     # reduced operand, which is priced on its own), else that library's in-cache reduction rate
     libf = cal.get("library_fusion") or {}
+    tl = cal.get("transcendentals_library") or {}
     lib_pass = (libf.get("pass") or {}).get("per_s")
     lib_ops = (libf.get("ops") or {}).get("per_s")
-    tl = cal.get("transcendentals_library") or {}
+    if not (lib_pass and lib_ops and tl.get("per_s_beyond_pass")) or libf.get("library") is False:
+        # not all measured (the exponentials' rate then holds the pass: not priced twice), or the probes ran
+        # outside a library fusion: a library fusion is priced as XLA's own kernels are
+        lib_pass = lib_ops = None
     lib = (tl.get("per_s_beyond_pass") if lib_pass else None) or tl.get("per_s") or \
         ((cal.get("reduce") or {}).get("in_cache") or {}).get("per_s")
-    if not tl.get("per_s_beyond_pass"):
-        lib_pass = None  # the exponentials' rate holds the pass: not priced twice
     feat = cal["cpu"]
     levels = host_cache_levels(cal)
     # the last-level cache as the pricing holds it: the largest measured level (what this process really holds,
@@ -1419,7 +1421,7 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
             transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
             cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
             transcendentals_per_s_library=lib,
-            library_pass_per_s=lib_pass if lib_ops else None, library_ops_per_s=lib_ops if lib_pass else None,
+            library_pass_per_s=lib_pass, library_ops_per_s=lib_ops,
             physical_peak_flops=cal["physical"]["peak_flops"],
             physical_clock_ghz=cal["physical"]["derivation"].get("clock_ghz")),
         onchip_bytes=onchip_bytes, matrix_unit=None, transcendentals_per_s=rate,
