@@ -346,4 +346,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from workbench.hardware.hostmem import reexec_with_hugepages
+
+    # before JAX starts, in the orchestrator and in each section's process: the allocator the CLI runs with, so the
+    # tiny run's sections price with the calibration `workbench calibrate` made (one host fingerprint, not two)
+    reexec_with_hugepages()
     sys.exit(main())

@@ -161,3 +161,39 @@ def test_rendezvous_is_measured_per_group_size():
         assert v["per_collective_per_device_s"] == pytest.approx(v["per_collective_s"] / 8)
     assert r["per_collective_s"] == r["by_group"]["8"]["per_collective_s"]
     assert measure_rendezvous(6, 1, groups=(4,))["by_group"].keys() == {"6"}  # 4 does not divide 6: the whole mesh
+
+
+def test_two_processes_that_need_a_calibration_run_one(tmp_path, monkeypatch):
+    """A calibration taken while another ran is wrong (they time each other): the second caller waits on the cache
+    directory's lock and reads what the first wrote; forced calibrations take turns."""
+    import threading
+    import time as _time
+
+    from workbench.measure import calibrate as cal
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    runs, inside, overlap = [], [0], []
+
+    def fake(*, quick=False, quiet=False):
+        inside[0] += 1
+        overlap.append(inside[0])
+        _time.sleep(0.3)
+        inside[0] -= 1
+        runs.append(1)
+        return {"quick": quick, "n": len(runs)}
+
+    monkeypatch.setattr(cal, "run_calibration", fake)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cal.load_or_calibrate(quiet=True))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(runs) == 1 and max(overlap) == 1
+    assert sorted(d["cached"] for d in got) == [False, True] and {d["n"] for d in got} == {1}
+    threads = [threading.Thread(target=lambda: cal.load_or_calibrate(force=True, quiet=True)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(runs) == 3 and max(overlap) == 1  # forced: both ran, one after the other

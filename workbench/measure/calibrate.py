@@ -33,6 +33,7 @@ Cached per host fingerprint (CPU model, flags, cores, memory, jax version) in $W
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -1250,31 +1251,67 @@ def quick_mode() -> bool:
     return os.environ.get("WORKBENCH_CALIBRATION", "") == "quick"
 
 
+def _cached(path: str, quick: bool) -> dict | None:
+    """The calibration stored at `path` (a quick one only where a quick one will do), None where there is none."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not quick and data.get("quick"):
+        return None
+    data["cached"] = True
+    return data
+
+
+@contextlib.contextmanager
+def calibration_lock(quiet: bool = False):
+    """One calibration at a time per cache directory: two processes calibrating the same host at once would time each
+    other's load (`cache_dir()/calibrate.lock`, an exclusive flock; where there is no fcntl, no lock). A process that
+    finds it taken says so and waits."""
+    os.makedirs(cache_dir(), exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(os.path.join(cache_dir(), "calibrate.lock"), "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say("calibrate: another process is calibrating this host; waiting for it (two at once would time each "
+                 "other)", quiet)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool = False,
                       run_if_missing: bool = True) -> dict:
     quick = quick or quick_mode()
     feat = cpu_features()
     fp = fingerprint(feat)
     path = _cache_path(fp)
-    if not force and os.path.exists(path):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-            if not quick and data.get("quick"):
-                raise ValueError("quick calibration cached")
-            data["cached"] = True
-            return data
-        except (OSError, ValueError):
-            pass
+    data = None if force else _cached(path, quick)
+    if data is not None:
+        return data
     if not run_if_missing:
         raise WorkbenchError("this host is not calibrated yet; run `workbench calibrate`")
-    data = run_calibration(quick=quick, quiet=quiet)
-    data["fingerprint"] = fp
-    os.makedirs(cache_dir(), exist_ok=True)
-    tmp = path + f".tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    with calibration_lock(quiet):
+        data = None if force else _cached(path, quick)  # another process calibrated it while this one waited
+        if data is not None:
+            return data
+        data = run_calibration(quick=quick, quiet=quiet)
+        data["fingerprint"] = fp
+        os.makedirs(cache_dir(), exist_ok=True)
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
     data["cached"] = False
     data["path"] = path
     return data
