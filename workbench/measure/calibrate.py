@@ -1267,27 +1267,34 @@ def _cached(path: str, quick: bool) -> dict | None:
 
 
 @contextlib.contextmanager
-def calibration_lock(quiet: bool = False):
+def calibration_lock(quiet: bool = False, name: str = "calibrate.lock"):
     """One calibration at a time per cache directory: two processes calibrating the same host at once would time each
-    other's load (`cache_dir()/calibrate.lock`, an exclusive flock; where there is no fcntl, no lock). A process that
-    finds it taken says so and waits."""
+    other's load. An exclusive flock on `name` in the cache directory (a process group's launcher holds one of its
+    own while the calibration it starts takes this one); where there is no fcntl or the filesystem has no locks, no
+    lock. A process that finds it taken says so and waits. Yields the lock file's path."""
     os.makedirs(cache_dir(), exist_ok=True)
+    path = os.path.join(cache_dir(), name)
     try:
         import fcntl
     except ImportError:  # not POSIX
-        yield
+        yield path
         return
-    with open(os.path.join(cache_dir(), "calibrate.lock"), "w") as f:
+    with open(path, "a") as f:
+        locked = True
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say("calibrate: another process is calibrating this host; waiting for it (two at once would time each "
-                 "other)", quiet)
-            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _say(f"workbench: waiting for another process to calibrate this host (lock {path}; two at once would "
+                     "time each other)", quiet)
+                fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:
+            locked = False
         try:
-            yield
+            yield path
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool = False,

@@ -47,7 +47,7 @@ import zlib
 
 from workbench.errors import WorkbenchError
 from workbench.hardware.devices import request_devices, select_platform
-from workbench.measure.calibrate import cache_dir, cpu_features, fingerprint, load_or_calibrate
+from workbench.measure.calibrate import calibration_lock, cpu_features, fingerprint, load_or_calibrate
 
 INIT_TIMEOUT_S = 120
 HEARTBEAT_S = 20
@@ -323,20 +323,8 @@ def calibrate_host_once() -> None:
 
     if cached():
         return
-    os.makedirs(cache_dir(), exist_ok=True)
-    path = os.path.join(cache_dir(), f"host-{fingerprint(cpu_features())}.lock")  # one lock per cached file
-    with open(path, "a") as lock:
-        try:
-            import fcntl
-
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # another process of this host calibrates: wait for it (released at its exit too)
-                print(f"workbench: waiting for another process to calibrate this host (lock {path})",
-                      file=sys.stderr, flush=True)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):
-            pass
+    # one lock per cached file, held while the calibration runs in its own process (which takes calibrate.lock)
+    with calibration_lock(name=f"host-{fingerprint(cpu_features())}.lock"):
         if cached():  # another process of the group measured it while this one waited
             return
         print("workbench: this host has no calibration yet: measuring it once for the process group "
