@@ -801,7 +801,8 @@ def _transcendental_library(dev, nel: int, reps: int, quiet: bool) -> tuple[dict
         pass      = t(1 multiply-add) − t(sum) − 2 · n / ops/s    (the produced operand's pass; elements/s = n / pass)
         exp/s     = n / (t(exp) − t(sum) − pass)                  (the exponentials beyond that pass)
     A calibration without these (before version 27) keeps exp/s = n / (t(exp) − t(sum)), which holds the pass.
-    Where a difference is lost in the noise (under 5 % of its larger time) the figure is None."""
+    Where a difference is lost in the noise (under 5 % of the time it is part of) the op rate, the pass and the rate
+    beyond it are None, and exp/s is n / t(exp)."""
     import jax
     import jax.numpy as jnp
 
@@ -819,19 +820,20 @@ def _transcendental_library(dev, nel: int, reps: int, quiet: bool) -> tuple[dict
     n = rows * 1024
     kinds = {k: [kc.library for kc in parse_kernels(c.as_text())] for k, c in progs.items()}
 
-    def above_noise(a: float, b: float) -> bool:
-        return a - b > 0.05 * a
+    def seen(diff: float, whole: float) -> bool:  # a difference above the noise: over 5 % of the time it is part of
+        return diff > 0.05 * whole
 
-    ops = 6 * n / (t["fma4_sum"] - t["fma1_sum"]) if above_noise(t["fma4_sum"], t["fma1_sum"]) else None
+    d_ops = t["fma4_sum"] - t["fma1_sum"]
+    ops = 6 * n / d_ops if seen(d_ops, t["fma4_sum"]) else None
     pass_s = t["fma1_sum"] - t["sum"] - (2 * n / ops if ops else 0.0)
-    pass_s = pass_s if (ops and pass_s > 0.05 * t["fma1_sum"]) else None
+    pass_s = pass_s if (ops and seen(pass_s, t["fma1_sum"])) else None
     extra = t["exp_sum"] - t["sum"]
-    exp = {"per_s": n / extra if extra > 0.05 * t["exp_sum"] else n / t["exp_sum"], "seconds": t,
+    exp = {"per_s": n / extra if seen(extra, t["exp_sum"]) else n / t["exp_sum"], "seconds": t,
            "elements": n, "kernels": kinds,
            "how": "row sums of exp(x) and of x over an in-cache [rows, 1024] float32 array, alternating in rounds: "
                   "elements / extra time (the produced operand's pass included)"}
-    beyond = t["exp_sum"] - t["sum"] - (pass_s or 0.0)
-    if pass_s and beyond > 0.05 * t["exp_sum"]:
+    beyond = extra - (pass_s or 0.0)
+    if pass_s and seen(beyond, t["exp_sum"]):
         exp["per_s_beyond_pass"] = n / beyond
     lib = {"ops": {"per_s": ops}, "pass": {"per_s": n / pass_s if pass_s else None}, "seconds": t, "elements": n,
            "kernels": kinds, "library": all(k and k[0] for k in kinds.values()),
@@ -1314,7 +1316,6 @@ def load_or_calibrate(*, force: bool = False, quick: bool = False, quiet: bool =
             return data
         data = run_calibration(quick=quick, quiet=quiet)
         data["fingerprint"] = fp
-        os.makedirs(cache_dir(), exist_ok=True)
         tmp = path + f".tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(data, f, indent=2)
