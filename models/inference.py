@@ -4,16 +4,22 @@
     logits_b1v, cache = prefill(model, tokens_bt, cache=cache, lengths_b=prompt_lengths, last_only=True)
     logits_b1v, cache = decode_step(model, next_token_b1, cache)       # every row one position further
 
-The cache holds, per layer, keys and values laid out (b, n_kv_heads, max_len, head_dim): attention reads a layer's
-keys as they lie (XLA:CPU still transposes them for the score product at batch 1) and a new token's key/value is
-written into its row at that row's own length (`lengths`, one per sequence, so rows of a batch may hold prompts of
-different lengths: continuous batching). The write is one scatter of each row's positions, in bounds by construction
-(the start clamped as a dynamic-update-slice clamps it) and so promised to XLA: a dynamic-update-slice per row lowers
-to a scatter that selects between the new and the old values, and reading the old values made XLA:CPU copy each
-layer's value cache twice per step (the promised scatter ran a small decode step 7-8 % faster at batch 1 and 64,
-timed interleaved on a Zen 4 VM). Compiled with the cache donated (`jax.jit(..., donate_argnums=...)`), XLA writes it
-in place, so a decode step reads the weights and the cache once and writes only the new keys/values
-(tests/models/test_serving.py checks this from the compiled program).
+The cache holds, per layer, values laid out (b, n_kv_heads, max_len, head_dim) and keys the same way (`k`) or, for a
+CPU, transposed (`k_t`: (b, n_kv_heads, head_dim, max_len); `init_cache(..., keys_transposed=)`, by default where
+the program runs on a CPU). XLA:CPU's batched matmul reads its right-hand side with the contracted axis second to
+last: with keys laid out like the values it copied every layer's keys into that order on every decode step (the
+score product ran 3-4x slower at batch 1 on a Zen 4 VM, the step 10-15 % slower), while libtpu lays out and reads
+(max_len, head_dim) keys as they are and does worse with them transposed (llama3-8b on v6e at batch 128: time per
+output token 8.7 ms against 20.4).
+
+A new token's key/value is written into its row at that row's own length (`lengths`, one per sequence, so rows of a
+batch may hold prompts of different lengths: continuous batching). The write is one scatter of each row's positions,
+in bounds by construction (the start clamped as a dynamic-update-slice clamps it) and so promised to XLA: a dynamic-
+update-slice per row lowers to a scatter that selects between the new and the old values, and reading the old values
+made XLA:CPU copy each layer's value cache twice per step (the promised scatter ran a small decode step 7-8 % faster
+at batch 1 and 64, timed interleaved on a Zen 4 VM). Compiled with the cache donated (`jax.jit(...,
+donate_argnums=...)`), XLA writes it in place, so a decode step reads the weights and the cache once and writes only
+the new keys/values (tests/models/test_serving.py checks this from the compiled program).
 
 KV dtypes (`kv_dtype`): 'auto' (the policy's compute dtype), 'bfloat16', 'float8' (E4M3, saturating cast) and 'int8'
 (symmetric, one float32 scale per position and kv head, kept beside the cache as `k_scale`/`v_scale`). A quantized
@@ -55,28 +61,41 @@ def compute_dtype_of(model):
 
 
 def _max_len_of(cache) -> int:
-    k = cache["k"]
-    return (k[0] if isinstance(k, list) else k).shape[-2]
+    v = cache["v"]
+    return (v[0] if isinstance(v, list) else v).shape[-2]
 
 
-def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto") -> dict:
-    """An empty cache of max_len positions for batch_size sequences (all lengths zero)."""
+def keys_name(cache) -> str:
+    """Where `cache` keeps its keys: 'k_t' (transposed, (b, k, h, s)) or 'k' ((b, k, s, h), like the values)."""
+    return "k_t" if "k_t" in cache else "k"
+
+
+def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto",
+               keys_transposed: bool | None = None) -> dict:
+    """An empty cache of max_len positions for batch_size sequences (all lengths zero). keys_transposed: keep the keys
+    (b, k, head_dim, max_len) (the module docstring); None: where JAX's default backend is the CPU. A program
+    compiled for another platform than the one it is built on says which it is (workbench.programs.predict)."""
     cfg = model.cfg
     if cfg.pos == "learned" and max_len > cfg.seq_len:
         raise WorkbenchError(f"max_len={max_len} exceeds the model's learned positions ({cfg.seq_len})")
     kv = kv_dtype_name(kv_dtype)
     dtype = _storage_dtype(kv, compute_dtype_of(model))
-    shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    b, k, h = batch_size, cfg.n_kv_heads, cfg.head_dim
 
     def layers(shape_, dtype_):
         if cfg.scan_layers:
             return jnp.zeros((cfg.n_layers, *shape_), dtype_)
         return [jnp.zeros(shape_, dtype_) for _ in range(cfg.n_layers)]
 
-    cache = {"k": layers(shape, dtype), "v": layers(shape, dtype), "lengths": jnp.zeros((batch_size,), jnp.int32)}
+    if keys_transposed is None:
+        keys_transposed = jax.default_backend() == "cpu"
+    kn = "k_t" if keys_transposed else "k"
+    kshape = (b, k, h, max_len) if keys_transposed else (b, k, max_len, h)
+    cache = {kn: layers(kshape, dtype), "v": layers((b, k, max_len, h), dtype),
+             "lengths": jnp.zeros((batch_size,), jnp.int32)}
     if kv == "int8":
-        cache["k_scale"] = layers(shape[:-1] + (1,), jnp.float32)
-        cache["v_scale"] = layers(shape[:-1] + (1,), jnp.float32)
+        cache[kn + "_scale"] = layers((b, k, 1, max_len) if keys_transposed else (b, k, max_len, 1), jnp.float32)
+        cache["v_scale"] = layers((b, k, max_len, 1), jnp.float32)
     return cache
 
 
@@ -106,22 +125,24 @@ def _quantize_rows(x_bkth, dtype):
     return x_bkth.astype(dtype), None
 
 
-def _write_rows(c_bksh, new_bkth, lengths_b):
-    """Write each row's t new positions at that row's own length, the start clamped so they fit (as a
-    dynamic-update-slice clamps it): one scatter, promised in bounds and unique (the module docstring)."""
+def _write_rows(c, new_bkth, lengths_b, keys: bool = False):
+    """Write each row's t new positions (b, k, t, h) at that row's own length into c, laid out (b, k, s, h) or, for
+    keys, (b, k, h, s); the start clamped so they fit (as a dynamic-update-slice clamps it): one scatter, promised in
+    bounds and unique (the module docstring)."""
     b, k, t = new_bkth.shape[:3]
-    pos = jnp.minimum(lengths_b, c_bksh.shape[2] - t)[:, None, None] + jnp.arange(t)[None, None, :]
+    pos = jnp.minimum(lengths_b, c.shape[-1 if keys else 2] - t)[:, None, None] + jnp.arange(t)[None, None, :]
     bi, ki = jnp.arange(b)[:, None, None], jnp.arange(k)[None, :, None]
-    return c_bksh.at[bi, ki, pos].set(new_bkth, mode="promise_in_bounds", unique_indices=True)
+    at = c.at[bi, ki, :, pos] if keys else c.at[bi, ki, pos]  # both index (b, k, t, h)
+    return at.set(new_bkth, mode="promise_in_bounds", unique_indices=True)
 
 
 def _store(lc: dict, k_btkh, v_btkh, lengths_b) -> dict:
     out = dict(lc)
-    for name, x in (("k", k_btkh), ("v", v_btkh)):
+    for name, x in ((keys_name(lc), k_btkh), ("v", v_btkh)):
         q, scale = _quantize_rows(jnp.transpose(x, (0, 2, 1, 3)), lc[name].dtype)
-        out[name] = _write_rows(lc[name], q, lengths_b)
+        out[name] = _write_rows(lc[name], q, lengths_b, keys=name == "k_t")
         if scale is not None:
-            out[name + "_scale"] = _write_rows(lc[name + "_scale"], scale, lengths_b)
+            out[name + "_scale"] = _write_rows(lc[name + "_scale"], scale, lengths_b, keys=name == "k_t")
     return out
 
 
@@ -132,15 +153,15 @@ def _read(lc: dict, name: str, dtype):
     return x.astype(dtype) if x.dtype != dtype else x
 
 
-def _attend(attn, q_btnh, k_bksh, v_bksh, mask_bts):
+def _attend(attn, q_btnh, keys, v_bksh, mask_bts, keys_transposed: bool):
     """Attention of t new queries over the cache's positions allowed by mask_bts (the model's own score and mix
-    products, models/layers.py Attention._softmax_mix)."""
+    products, models/layers.py Attention._softmax_mix), the keys as the cache keeps them."""
     cfg = attn.cfg
     b, t, n, h = q_btnh.shape
     k, g = cfg.n_kv_heads, cfg.q_heads_per_kv
     q_bkgth = jnp.transpose((q_btnh * (1.0 / math.sqrt(h))).astype(q_btnh.dtype).reshape(b, t, k, g, h),
                             (0, 2, 3, 1, 4))
-    o_bkgth = attn._softmax_mix(q_bkgth, k_bksh, v_bksh, mask_bts[:, None, None])
+    o_bkgth = attn._softmax_mix(q_bkgth, keys, v_bksh, mask_bts[:, None, None], keys_transposed=keys_transposed)
     return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
 
@@ -163,16 +184,17 @@ def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict, fresh: boo
         if fresh:
             return block.attn.causal_self_attention(q_btnh, k_btkh.astype(q_btnh.dtype),
                                                     v_btkh.astype(q_btnh.dtype)), new
-        return _attend(block.attn, q_btnh, _read(new, "k", q_btnh.dtype), _read(new, "v", q_btnh.dtype),
-                       mask_bts), new
+        kn = keys_name(new)
+        return _attend(block.attn, q_btnh, _read(new, kn, q_btnh.dtype), _read(new, "v", q_btnh.dtype),
+                       mask_bts, kn == "k_t"), new
 
     return block_forward(block, x_btd, positions_bt, attend)
 
 
 def _layer_caches(cache) -> list[dict] | dict:
-    names = [n for n in ("k", "v", "k_scale", "v_scale") if n in cache]
-    if isinstance(cache["k"], list):
-        return [{n: cache[n][i] for n in names} for i in range(len(cache["k"]))]
+    names = [n for n in ("k", "k_t", "v", "k_scale", "k_t_scale", "v_scale") if n in cache]
+    if isinstance(cache["v"], list):
+        return [{n: cache[n][i] for n in names} for i in range(len(cache["v"]))]
     return {n: cache[n] for n in names}
 
 

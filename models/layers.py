@@ -137,8 +137,10 @@ class Attention(nnx.Module):
             o_bkgth = self._softmax_mix(q_bkgth, k_bksh, v_bksh, mask_bts[:, None, None])
         return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
 
-    def _softmax_mix(self, q_bkgth, k_bksh, v_bksh, mask):
-        s_bkgts = self.score_dot("bkgth,bksh->bkgts", q_bkgth, k_bksh, out_dtype=jnp.float32)
+    def _softmax_mix(self, q_bkgth, k_bksh, v_bksh, mask, keys_transposed: bool = False):
+        """keys_transposed: the keys come laid out (b, k, h, s), as the KV cache keeps them (models/inference.py)."""
+        eq = "bkgth,bkhs->bkgts" if keys_transposed else "bkgth,bksh->bkgts"
+        s_bkgts = self.score_dot(eq, q_bkgth, k_bksh, out_dtype=jnp.float32)
         s_bkgts = jnp.where(mask, s_bkgts, jnp.finfo(jnp.float32).min)
         p_bkgts = jax.nn.softmax(s_bkgts, axis=-1)
         return self.mix_dot("bkgts,bksh->bkgth", p_bkgts, v_bksh)
@@ -158,8 +160,11 @@ class Attention(nnx.Module):
         # float32 out (the residual stream's dtype), the bias added to the accumulator: its gradient then sums b*t
         # terms in float32
         o_btnh = checkpoint_name(o_btnh, "context")  # the attention output, MaxText's name
-        y_btd = self.o_dot("btnh,nhd->btd", o_btnh, self.w_nhd[...], bias=self.b_d[...] if self.cfg.bias else None,
-                           out_dtype=jnp.float32)
+        # heads and head_dim contracted as one axis in their memory order: jnp.einsum lists contracting labels
+        # sorted ("h" before "n"), and XLA:CPU then transposed both operands — the whole weight on every call
+        b, t, n, h = o_btnh.shape
+        y_btd = self.o_dot("btm,md->btd", o_btnh.reshape(b, t, n * h), self.w_nhd[...].reshape(n * h, -1),
+                           bias=self.b_d[...] if self.cfg.bias else None, out_dtype=jnp.float32)
         return remat_tag(y_btd, "out_proj", self.cfg.remat, self.o_dot)
 
     def causal_self_attention(self, q_btnh, k_btkh, v_btkh):

@@ -50,25 +50,58 @@ def test_quantized_kv_cache_stays_close(kv, dtype):
     assert_close(logits[:, 0], full[:, 8], dtype, scale=3)
 
 
-def test_decode_writes_the_cache_in_place():
-    """The compiled decode step aliases every cache buffer to its output, and its bytes grow with the cache by about
-    one read of it (attention), never by the read and write a copy of the cache per token would add."""
+def _decode_bytes_slope(st, batch, keys_transposed=None):
+    """(bytes the compiled decode step moves per byte of cache, its bytes at the smaller cache): two caches of 64
+    and 256 positions; each compiled step must alias every cache buffer to its output."""
     from workbench.cost.compile import compile_program
     from workbench.programs.serve import kernel_bytes
 
-    st = Steps(_model(LLAMA_TINY + ",d_model=128,d_ff=512"))
     moved, kv = [], []
     for s in (64, 256):
-        cache = st.init_cache(16, s)
-        comp = compile_program(jax.jit(st.decode, donate_argnums=3), st.params, st.rest, jnp.zeros((16,), jnp.int32),
-                               cache)
+        cache = inference.init_cache(st._template, batch, s, st.kv_dtype, keys_transposed=keys_transposed)
+        comp = compile_program(jax.jit(st.decode, donate_argnums=3), st.params, st.rest,
+                               jnp.zeros((batch,), jnp.int32), cache)
         header = comp.hlo_text.split("input_output_alias={", 1)[1].split("entry_computation_layout", 1)[0]
         assert header.count("-alias)") >= 2 * st.cfg.n_layers
         moved.append(kernel_bytes(comp.cost))
         kv.append(inference.cache_bytes(cache))
-    slope = (moved[1] - moved[0]) / (kv[1] - kv[0])
-    assert 0.9 < slope < 1.6, (slope, moved, kv)
-    assert moved[0] > weight_bytes(st.params)
+    return (moved[1] - moved[0]) / (kv[1] - kv[0]), moved[0]
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_decode_writes_the_cache_in_place(batch):
+    """The compiled decode step aliases every cache buffer to its output, and its bytes grow with the cache by about
+    one read of it (attention), never by the read and write a copy of the cache per token would add. On the CPU
+    the keys are kept transposed (the default there): kept like the values, XLA:CPU copies every layer's keys into
+    the score product's order at batch 1 (three reads of them per step)."""
+    st = Steps(_model(LLAMA_TINY + ",d_model=128,d_ff=512"))
+    assert "k_t" in st.init_cache(batch, 8) and jax.default_backend() == "cpu"
+    slope, moved = _decode_bytes_slope(st, batch)
+    assert 0.9 < slope < 1.6, slope
+    assert moved > weight_bytes(st.params)
+    if batch == 1:
+        assert _decode_bytes_slope(st, batch, keys_transposed=False)[0] > 2.0
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_transposed_keys_decode_like_keys_kept_as_the_values(kv):
+    """Both key layouts of the cache (models/inference.py) give the same logits and the same keys, prefill and
+    decode, float32 and int8."""
+    model = inference.unrolled(_model(LLAMA_TINY))
+    tok = jax.random.randint(jax.random.key(4), (2, 11), 0, 256).astype(jnp.int32)
+    out = {}
+    for kt in (True, False):
+        cache = inference.init_cache(model, 2, 16, kv, keys_transposed=kt)
+        logits, cache = inference.prefill(model, tok[:, :8], cache=cache, lengths_b=jnp.array([8, 6]), fresh=True)
+        steps = [logits[:, -1]]
+        for i in range(8, 11):
+            logits, cache = inference.decode_step(model, tok[:, i:i + 1], cache)
+            steps.append(logits[:, 0])
+        keys = [c if kt else jnp.swapaxes(c, 2, 3) for c in cache["k_t" if kt else "k"]]
+        out[kt] = (jnp.stack(steps), keys)
+    assert_close(out[True][0], out[False][0], "float32")
+    for a, b in zip(out[True][1], out[False][1]):
+        assert_close(a.astype(jnp.float32), b.astype(jnp.float32), "float32")
 
 
 def test_speculative_decoding_gives_the_target_greedy_tokens():

@@ -238,8 +238,8 @@ def test_inference_step_unrolls_scanned_layers_with_a_cache_per_layer(mode, poli
     mesh = make_mesh("data=8")
     step, args, _ = wp.build_inference_step(cfg, get_policy(policy), mesh, "dp", 8, cfg.seq_len, mode)
     cache = args[3]
-    assert len(cache["k"]) == cfg.n_layers
-    assert cache["k"][0].shape == (8, cfg.n_kv_heads, cfg.seq_len, cfg.head_dim)
-    assert cache["k"][0].sharding.spec[0] == "data"
+    assert len(cache["k_t"]) == cfg.n_layers and "k" not in cache
+    assert cache["k_t"][0].shape == (8, cfg.n_kv_heads, cfg.head_dim, cfg.seq_len)  # a CPU mesh: keys transposed
+    assert cache["k_t"][0].sharding.spec[0] == "data"
     logits, new_cache = jax.eval_shape(step, *args)
-    assert logits.shape == (8, cfg.vocab_size) and new_cache["k"][0].shape == cache["k"][0].shape
+    assert logits.shape == (8, cfg.vocab_size) and new_cache["k_t"][0].shape == cache["k_t"][0].shape

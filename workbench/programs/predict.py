@@ -238,7 +238,8 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     """A jitted prefill or decode step of the serving engine (models/inference.py, models/serving.py), with abstract
     sharded inputs: the layers unrolled (each layer's KV cache a buffer of its own, written in place), weights in
     the policy's compute dtype (inference keeps no float32 master copy) or quantized (`quant`), the KV cache
-    (batch, kv_heads, seq, head_dim) per layer in `kv_dtype`, sharded by the strategy's rules and donated.
+    (batch, kv_heads, seq, head_dim) per layer in `kv_dtype` (the keys transposed where the mesh is a CPU's,
+    models/inference.py), sharded by the strategy's rules and donated.
 
     prefill: `seq` prompt tokens fill an empty cache of `seq` positions; the head runs on the last position only.
     decode:  one new token per sequence against a cache of `seq` positions (attention reads all of it); with
@@ -272,11 +273,12 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
         def place(a):
             if a.ndim == 1:
                 return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
-            axes = ("batch", "kv_heads", None, "head_dim" if a.shape[-1] == cfg.head_dim else None)
+            axes = ("batch", "kv_heads", None, None)  # head_dim is never split (partitioning/rules.py)
             return placed(a, axes, "KV cache")
 
         cache = {n: ([place(a) for a in v] if isinstance(v, list) else place(v))
-                 for n, v in jax.eval_shape(lambda: inference.init_cache(abs_model, batch, seq, kv_dtype)).items()}
+                 for n, v in jax.eval_shape(lambda: inference.init_cache(
+                     abs_model, batch, seq, kv_dtype, keys_transposed=mesh.devices.flat[0].platform == "cpu")).items()}
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
