@@ -298,6 +298,34 @@ def test_a_kernels_reads_of_the_programs_parameters_are_placed_by_the_programs_f
     assert residency(320e6, [llc, mem])[0][1] == pytest.approx(h)
 
 
+def test_a_one_row_product_reads_its_weight_at_the_measured_row_product_rate():
+    """A product with one row reads the share of its weight that comes from memory at the memory's read rate times
+    the calibrated row-product ratio (XLA:CPU's matrix-vector kernel); the share from the cache, its own arrays, a
+    product of more rows and a host without the figure are priced as before. The figure comes from a calibration
+    with both a row product and a measured read ratio, else none."""
+    from workbench.hardware.measured import MemoryLevel
+    from workbench.measure.calibrate import row_product_read_ratio
+    from workbench.roofline.host import host_memory_seconds, sweep_hit_rate
+
+    llc, mem = MemoryLevel("L3", 32e6, 80e9, 1.0), MemoryLevel("memory", float("inf"), 20e9, 1.5)
+    plain = dataclasses.replace(CHIP, kind="cpu").with_measured(cache_levels=(llc,), memory_read_ratio=1.5)
+    host = plain.with_measured(row_product_read_ratio=0.75)
+    one = KernelCost("mv", "dot", "", 4e6 + 2e3, 8e3, 8e6, 0, dot_flops=8e6, footprint=4.01e6, dot_rows=1.0,
+                     param_bytes=4e6)
+    h = sweep_hit_rate(10.0)
+    before = llc.seconds(2e3, 8e3) + h * llc.seconds(4e6, 0) + (1 - h) * mem.seconds(4e6, 0)
+    assert host_memory_seconds(one, plain, 20e9, program_bytes=320e6)[0] == pytest.approx(before)
+    assert host_memory_seconds(one, host, 20e9, program_bytes=320e6)[0] == pytest.approx(
+        before + (1 - h) * mem.seconds(4e6, 0) * (1 / 0.75 - 1))
+    for k in (dataclasses.replace(one, dot_rows=8.0), dataclasses.replace(one, dot_flops=0.0, flops=0.0)):
+        assert host_memory_seconds(k, host, 20e9, program_bytes=320e6)[0] == pytest.approx(
+            host_memory_seconds(k, plain, 20e9, program_bytes=320e6)[0])
+    stream = {"samples": [20e9, 20e9, 20e9], "samples_read": [30e9, 30e9, 30e9], "bytes_per_s": 20e9}
+    assert row_product_read_ratio({"stream": stream, "row_product": {"read_ratio": 0.74}}) == 0.74
+    assert row_product_read_ratio({"stream": stream}) is None
+    assert row_product_read_ratio({"stream": {"bytes_per_s": 20e9}, "row_product": {"read_ratio": 0.74}}) is None
+
+
 def test_a_kernel_counts_the_bytes_it_reads_from_the_programs_parameters():
     """param_bytes: the operands the entry computation hands a kernel straight from its parameters; a product of
     computed arrays reads none."""

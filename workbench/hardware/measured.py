@@ -98,6 +98,9 @@ class Measured:
     # (MemoryLevel); the memory beyond them streams at hbm_bw with memory_read_ratio (reads at ratio·hbm_bw)
     cache_levels: tuple[MemoryLevel, ...] | None = None
     memory_read_ratio: float | None = None
+    # host: a one-row product's weight-read rate from memory over the memory's read rate (XLA:CPU's matrix-vector
+    # kernel over a weight whose rows it contracts: a decode step's projections); None: that read rate
+    row_product_read_ratio: float | None = None
     # host: special-function results/s inside a library fusion (XLA:CPU's YNN kernels: a softmax, a reduction
     # over exponentials), which evaluates them with its own vector code; None: transcendentals_per_s
     transcendentals_per_s_library: float | None = None

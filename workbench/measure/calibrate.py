@@ -50,7 +50,7 @@ from workbench.hardware.measured import Measured, MemoryLevel
 from workbench.hardware.spec import HardwareSpec, Interconnect, Source, catalogue_spec, resolve_name
 from workbench.measure.harness import measure, measure_steps, random_inputs, summarize
 
-CALIBRATION_VERSION = 27
+CALIBRATION_VERSION = 28
 
 
 def cache_dir() -> str:
@@ -536,6 +536,7 @@ def _cache_reduce_convert_transpose(out: dict, xbig, bw_mid: float, dev, llc: in
     out["cache_stream"] = {"buffer_bytes": nel_c * 4, "bytes_per_s": rc["bytes_per_s"], "spread": rc["spread"],
                            "counted": "bytes read + bytes written", "kernel": out["stream"]["kernel"]}
     out["reduce"] = measure_reduce(xbig, xc, reps, quiet)
+    out["row_product"] = measure_row_product(xbig, reps, quiet)
     if write_allocates(out):
         read = out["reduce"]["from_memory"]["per_s"] * 4
         out["findings"].append(
@@ -1006,6 +1007,38 @@ def measure_reduce(big, cached, reps: int, quiet: bool) -> dict:
     return out
 
 
+ROW_PRODUCT_N = 4096  # the weight's columns in the one-row product probe (its rows: the stream's buffer / this)
+
+
+def measure_row_product(big, reps: int, quiet: bool, rounds: int = 3) -> dict:
+    """How fast a product with one row reads its weight from memory, against a sum over the same bytes: x·W with x
+    (1, K) and W (K, 4096) float32 the stream's buffer (the form a decode step's projections take: the weight's rows
+    contracted, XLA:CPU's matrix-vector kernel) and jnp.sum over it, alternating in `rounds` rounds; the read ratio
+    is the median of each round's product rate over its sum rate (the machine's drift cancels within a round). The
+    memory model prices a one-row product's weight reads at the memory's read rate times this ratio
+    (Measured.row_product_read_ratio)."""
+    import jax
+    import jax.numpy as jnp
+
+    k = big.size // ROW_PRODUCT_N
+    w = big[: k * ROW_PRODUCT_N].reshape(k, ROW_PRODUCT_N)
+    x = jnp.ones((1, k), jnp.float32)
+    prod = jax.jit(lambda x, w: x @ w).lower(x, w).compile()
+    total = jax.jit(lambda w: w.sum()).lower(w).compile()
+    nbytes = k * ROW_PRODUCT_N * 4
+    rates, sums = [], []
+    for r in range(rounds):
+        _say(f"calibrate: one-row product over a {nbytes / 2**20:.0f} MiB weight against a sum over it "
+             f"(round {r + 1}/{rounds})", quiet)
+        rates.append(nbytes / measure(prod, x, w, warmup=2, repeats=max(3, reps // rounds)).median_s)
+        sums.append(nbytes / measure(total, w, warmup=1, repeats=max(3, reps // rounds)).median_s)
+    ratios = sorted(p / q for p, q in zip(rates, sums))
+    return {"read_ratio": ratios[len(ratios) // 2], "bytes_per_s": sorted(rates)[rounds // 2],
+            "sum_bytes_per_s": sorted(sums)[rounds // 2], "ratios": ratios, "weight": [k, ROW_PRODUCT_N],
+            "how": "x (1, K) @ W (K, 4096) float32 over the stream's buffer, alternating with jnp.sum over W: "
+                   "the median round's weight bytes/s ratio"}
+
+
 def transpose_sizes(llc: int, quick: bool = False) -> dict[str, int]:
     """n of the n×n float32 transposes the calibration times: in the cache (input and output within half the
     last-level cache) and from memory (each array at least twice the cache; quick: 2000). Each n is a little below a
@@ -1354,6 +1387,14 @@ def memory_read_ratio(cal: dict) -> float | None:
     return ratio if ratio and ratio >= 1.0 else None
 
 
+def row_product_read_ratio(cal: dict) -> float | None:
+    """A one-row product's weight-read rate over a sum's over the same bytes in memory (`row_product`, version 28
+    on); None without it, or where the memory's read rate is not itself the sum's (memory_read_ratio None): the
+    ratio is relative to that rate."""
+    r = (cal.get("row_product") or {}).get("read_ratio")
+    return float(r) if (r and r > 0 and memory_read_ratio(cal)) else None
+
+
 def host_cache_levels(cal: dict) -> tuple[MemoryLevel, ...] | None:
     """The measured cache levels of a calibration (`cache_levels`, version 23 on): each data or unified level with a
     measured stream, its capacity for this process and its read ratio (a level without a measured read rate: 1).
@@ -1465,6 +1506,7 @@ def spec_from_calibration(cal: dict) -> HardwareSpec:
             transpose_per_s=((cal.get("transpose") or {}).get("from_memory") or {}).get("per_s"),
             transpose_per_s_cached=((cal.get("transpose") or {}).get("in_cache") or {}).get("per_s"),
             cache_levels=levels, memory_read_ratio=memory_read_ratio(cal),
+            row_product_read_ratio=row_product_read_ratio(cal),
             transcendentals_per_s_library=lib,
             library_pass_per_s=lib_pass, library_ops_per_s=lib_ops,
             physical_peak_flops=cal["physical"]["peak_flops"],

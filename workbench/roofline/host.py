@@ -163,7 +163,8 @@ def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
     placed in the hierarchy by `residency`, each level's share priced at that level's stream with its input/output
     split (MemoryLevel.seconds). The bytes it reads straight from the program's parameters (KernelCost.param_bytes:
     weights, a cache, optimizer state) were last touched a whole call ago, so they are placed by the program's
-    footprint (`program_bytes`) where that is the larger working set. When the program runs from the cache (`bw` is
+    footprint (`program_bytes`) where that is the larger working set; a one-row product reads their share in memory
+    at the measured row-product rate (Measured.row_product_read_ratio). When the program runs from the cache (`bw` is
     the in-cache bandwidth) no kernel is priced beyond the last-level cache."""
     program_in_cache = bool(spec.measured.onchip_bw and bw == spec.measured.onchip_bw)
     levels = memory_levels(spec, spec.hbm_bw if program_in_cache else bw)
@@ -179,7 +180,9 @@ def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
     from_memory = sum(h for lv, h in shares if lv.name == "memory") * (k.bytes - params)
     if params:
         far = residency(whole, levels)
-        t += sum(h * lv.seconds(params, 0.0) for lv, h in far)
+        # a one-row product reads its weight with XLA:CPU's matrix-vector kernel, at its own measured rate
+        row = spec.measured.row_product_read_ratio if getattr(k, "dot_rows", 0.0) == 1 and k.dot_flops else None
+        t += sum(h * lv.seconds(params, 0.0) / (row if (row and lv.name == "memory") else 1.0) for lv, h in far)
         from_memory += sum(h for lv, h in far if lv.name == "memory") * params
     return t, from_memory / k.bytes if k.bytes else 0.0
 
