@@ -4,13 +4,16 @@
     logits_b1v, cache = prefill(model, tokens_bt, cache=cache, lengths_b=prompt_lengths, last_only=True)
     logits_b1v, cache = decode_step(model, next_token_b1, cache)       # every row one position further
 
-The cache holds, per layer, values laid out (b, n_kv_heads, max_len, head_dim) and keys the same way (`k`) or, for a
-CPU, transposed (`k_t`: (b, n_kv_heads, head_dim, max_len); `init_cache(..., keys_transposed=)`, by default where
-the program runs on a CPU). XLA:CPU's batched matmul reads its right-hand side with the contracted axis second to
-last: with keys laid out like the values it copied every layer's keys into that order on every decode step (the
-score product ran 3-4x slower at batch 1 on a Zen 4 VM, the step 10-15 % slower), while libtpu lays out and reads
-(max_len, head_dim) keys as they are and does worse with them transposed (llama3-8b on v6e at batch 128: time per
-output token 8.7 ms against 20.4).
+The cache holds, per layer, values laid out (b, n_kv_heads, max_len, head_dim) and keys the same way (`k`) or
+transposed (`k_t`: (b, n_kv_heads, head_dim, max_len)); `init_cache(..., keys_transposed=)` chooses, by default
+transposed for at most 8 rows on a CPU. At batch 1 XLA:CPU copies keys laid out like the values into the order its
+batched matmul reads (the contracted axis second to last) on every decode step, three reads of them per step instead
+of one; from 16 rows on it reads them in place and the transposed score product is the slower one. Timed interleaved
+on a Zen 4 VM (`small` with rotary positions, decode step): transposed 6.1 ms against 7.3 at batch 1 over 2048
+positions, 13.0 against 14.1 at batch 8 over 1024, equal at 1 and 8 over 192; 32.0 against 30.9 at batch 32 over 512
+and 29.4 against 24.7 at batch 64 over 192. libtpu reads (max_len, head_dim) keys in place and does worse with them
+transposed (llama3-8b on v6e at batch 128: 20.4 ms per output token against 8.7), so TPU and GPU programs keep them
+like the values.
 
 A new token's key/value is written into its row at that row's own length (`lengths`, one per sequence, so rows of a
 batch may hold prompts of different lengths: continuous batching). The write is one scatter of each row's positions,
@@ -41,6 +44,7 @@ from models.transformer import Transformer
 from workbench.errors import WorkbenchError
 
 KV_DTYPES = ("auto", "bfloat16", "float8", "int8")
+TRANSPOSED_KEYS_ROWS = 8  # a CPU cache of at most this many rows keeps its keys transposed (the module docstring)
 _KV_ALIASES = {"bf16": "bfloat16", "fp8": "float8", "float8_e4m3fn": "float8"}
 
 
@@ -73,8 +77,9 @@ def keys_name(cache) -> str:
 def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto",
                keys_transposed: bool | None = None) -> dict:
     """An empty cache of max_len positions for batch_size sequences (all lengths zero). keys_transposed: keep the keys
-    (b, k, head_dim, max_len) (the module docstring); None: where JAX's default backend is the CPU. A program
-    compiled for another platform than the one it is built on says which it is (workbench.programs.predict)."""
+    (b, k, head_dim, max_len) (the module docstring); None: for at most TRANSPOSED_KEYS_ROWS rows where JAX's
+    default backend is the CPU. A program compiled for another platform than the one it is built on says which it
+    wants (workbench.programs.predict)."""
     cfg = model.cfg
     if cfg.pos == "learned" and max_len > cfg.seq_len:
         raise WorkbenchError(f"max_len={max_len} exceeds the model's learned positions ({cfg.seq_len})")
@@ -88,7 +93,7 @@ def init_cache(model, batch_size: int, max_len: int, kv_dtype: str = "auto",
         return [jnp.zeros(shape_, dtype_) for _ in range(cfg.n_layers)]
 
     if keys_transposed is None:
-        keys_transposed = jax.default_backend() == "cpu"
+        keys_transposed = jax.default_backend() == "cpu" and batch_size <= TRANSPOSED_KEYS_ROWS
     kn = "k_t" if keys_transposed else "k"
     kshape = (b, k, h, max_len) if keys_transposed else (b, k, max_len, h)
     cache = {kn: layers(kshape, dtype), "v": layers((b, k, max_len, h), dtype),

@@ -238,7 +238,7 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
     """A jitted prefill or decode step of the serving engine (models/inference.py, models/serving.py), with abstract
     sharded inputs: the layers unrolled (each layer's KV cache a buffer of its own, written in place), weights in
     the policy's compute dtype (inference keeps no float32 master copy) or quantized (`quant`), the KV cache
-    (batch, kv_heads, seq, head_dim) per layer in `kv_dtype` (the keys transposed where the mesh is a CPU's,
+    (batch, kv_heads, seq, head_dim) per layer in `kv_dtype` (the keys transposed for few rows on a CPU mesh,
     models/inference.py), sharded by the strategy's rules and donated.
 
     prefill: `seq` prompt tokens fill an empty cache of `seq` positions; the head runs on the last position only.
@@ -278,7 +278,7 @@ def build_inference_step(cfg, policy, mesh, strategy: str, batch: int, seq: int,
 
         cache = {n: ([place(a) for a in v] if isinstance(v, list) else place(v))
                  for n, v in jax.eval_shape(lambda: inference.init_cache(
-                     abs_model, batch, seq, kv_dtype, keys_transposed=mesh.devices.flat[0].platform == "cpu")).items()}
+                     abs_model, batch, seq, kv_dtype, keys_transposed=None if mesh.devices.flat[0].platform == "cpu" else False)).items()}
     t = seq if mode == "prefill" else 1
     tok_sh = NamedSharding(mesh, spec_for(("batch", "seq"), (batch, t), mesh, rules, what="input tokens"))
     tokens = jax.ShapeDtypeStruct((batch, t), jnp.int32, sharding=tok_sh)
