@@ -9,6 +9,13 @@ from workbench.measure.calibrate import load_or_calibrate, write_allocates
 from workbench.results.console import emit_json
 
 
+def _print_row_product(cal: dict) -> None:
+    rp = cal.get("row_product") or {}
+    if rp.get("read_ratio"):
+        print(f"  one-row product    {rp['bytes_per_s'] / 1e9:8.2f} GB/s weight reads from memory "
+              f"({rp['read_ratio']:.2f}x a sum over the same {rp['weight'][0] * rp['weight'][1] * 4 / 2**20:.0f} MiB)")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(force: bool = typer.Option(False, "--force", help="re-measure even if cached"),
@@ -75,10 +82,7 @@ def register(app: typer.Typer) -> None:
         if rd.get("from_memory") and rd.get("in_cache"):
             print(f"  reduction          {rd['in_cache']['per_s'] / 1e9:8.2f} G elements/s in cache, "
                   f"{rd['from_memory']['per_s'] / 1e9:.2f} from memory")
-        rp = cal.get("row_product") or {}
-        if rp.get("read_ratio"):
-            print(f"  one-row product    {rp['bytes_per_s'] / 1e9:8.2f} GB/s weight reads from memory "
-                  f"({rp['read_ratio']:.2f}x a sum over the same {rp['weight'][0] * rp['weight'][1] * 4 / 2**20:.0f} MiB)")
+        _print_row_product(cal)
         if (cal.get("convert") or {}).get("per_s"):
             print(f"  f32<->bf16 convert {cal['convert']['per_s'] / 1e9:8.2f} G/s (inside fused kernels)")
         tr = cal.get("transpose") or {}
