@@ -160,11 +160,13 @@ class Attention(nnx.Module):
         # float32 out (the residual stream's dtype), the bias added to the accumulator: its gradient then sums b*t
         # terms in float32
         o_btnh = checkpoint_name(o_btnh, "context")  # the attention output, MaxText's name
-        # heads and head_dim contracted as one axis in their memory order: jnp.einsum lists contracting labels
-        # sorted ("h" before "n"), and XLA:CPU then transposed both operands — the whole weight on every call
-        b, t, n, h = o_btnh.shape
-        y_btd = self.o_dot("btm,md->btd", o_btnh.reshape(b, t, n * h), self.w_nhd[...].reshape(n * h, -1),
-                           bias=self.b_d[...] if self.cfg.bias else None, out_dtype=jnp.float32)
+        # heads labelled "a", so that they sort before head_dim ("h"): jnp.einsum lists a dot's contracting labels
+        # sorted, and with "n" for heads the dot contracted (head_dim, heads), against both operands' memory order:
+        # XLA:CPU transposed both — the whole weight on every call. (Reshaping both to one heads × head_dim axis
+        # avoids it too, but then libtpu reduce-scatters this weight's gradient in float32 under
+        # weight_grad_dtype=compute: tests/programs/test_master_weights.py.)
+        y_btd = self.o_dot("btah,ahd->btd", o_btnh, self.w_nhd[...], bias=self.b_d[...] if self.cfg.bias else None,
+                           out_dtype=jnp.float32)
         return remat_tag(y_btd, "out_proj", self.cfg.remat, self.o_dot)
 
     def causal_self_attention(self, q_btnh, k_btkh, v_btkh):
