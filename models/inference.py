@@ -145,9 +145,10 @@ def _store(lc: dict, k_btkh, v_btkh, lengths_b) -> dict:
     out = dict(lc)
     for name, x in ((keys_name(lc), k_btkh), ("v", v_btkh)):
         q, scale = _quantize_rows(jnp.transpose(x, (0, 2, 1, 3)), lc[name].dtype)
-        out[name] = _write_rows(lc[name], q, lengths_b, keys=name == "k_t")
+        transposed = name == "k_t"
+        out[name] = _write_rows(lc[name], q, lengths_b, keys=transposed)
         if scale is not None:
-            out[name + "_scale"] = _write_rows(lc[name + "_scale"], scale, lengths_b, keys=name == "k_t")
+            out[name + "_scale"] = _write_rows(lc[name + "_scale"], scale, lengths_b, keys=transposed)
     return out
 
 
