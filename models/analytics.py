@@ -58,7 +58,7 @@ def param_groups(cfg: ModelConfig) -> dict[str, int]:
         "attention": L * (aw + ab),
         "mlp": L * experts * (mw + mb) + L * cfg.n_shared_experts * mw,  # shared experts: no biases
         "router": L * d * cfg.n_experts if cfg.is_moe else 0,
-        "norms": (2 * L + 1) * _norm_params(cfg),
+        "norms": ((1 if cfg.block == "parallel" else 2) * L + 1) * _norm_params(cfg),
         "head": 0 if cfg.tie_embeddings else v * d,
     }
 

@@ -20,6 +20,8 @@ OPTIMIZER_SHARDINGS = ("params", "data")
 MASTER_WEIGHTS = ("params", "optimizer")
 WEIGHT_GRAD_DTYPES = ("float32", "compute")
 POSITIONS = ("learned", "rope")
+BLOCKS = ("sequential", "parallel")
+RESIDUAL_ADDS = ("stream", "float32")
 ROUTERS = ("token-choice", "expert-choice")
 ROUTER_SCORES = ("softmax", "sigmoid")
 A2A_MODES = ("auto", "padded", "ragged", "ragged-emulated")  # expert-parallel exchange (models/moe.py choose_a2a)
@@ -68,6 +70,13 @@ class ModelConfig:
     bias: bool = True  # biases on every dense layer (GPT-2 style)
     tie_embeddings: bool = True  # output head = embedding table transposed
     norm_eps: float = 1e-5
+    # 'sequential' (x + attn(norm(x)), then + mlp(norm(that)): GPT-2/3, LLaMA) | 'parallel' (x + attn(norm(x)) +
+    # mlp(norm(x)), one norm: GPT-J, PaLM, and MaxText's default decoder layer, which its 2023 16B-1T runs used)
+    block: str = "sequential"
+    # the dtype a block adds its attention and MLP outputs to the residual stream in: 'stream' (the stream's own, the
+    # compute dtype under bf16 policies, as MaxText, Megatron without fp32_residual_connection and torchtitan add) |
+    # 'float32' (added in float32 and rounded once, at the block's end). float32 policies: float32 either way
+    residual_add: str = "stream"
     # mixture of experts (models/moe.py): n_experts=0 means a dense MLP
     n_experts: int = 0
     top_k: int = 2
@@ -124,7 +133,7 @@ class ModelConfig:
             raise WorkbenchError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
                                  "(grouped-query attention shares each kv head among n_heads/n_kv_heads heads)")
         for name, allowed in (("mlp", MLPS), ("norm", NORMS), ("pos", POSITIONS), ("router", ROUTERS),
-                              ("router_score", ROUTER_SCORES)):
+                              ("router_score", ROUTER_SCORES), ("block", BLOCKS), ("residual_add", RESIDUAL_ADDS)):
             if getattr(self, name) not in allowed:
                 raise WorkbenchError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         parse_remat(self.remat)  # an unknown policy or tensor: one line

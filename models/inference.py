@@ -174,11 +174,15 @@ def _attend(attn, q_btnh, keys, v_bksh, mask_bts, keys_transposed: bool):
 def block_forward(block, x_btd, positions_bt, attend):
     """One block on the new tokens, its attention by `attend(q_btnh, k_btkh, v_btkh) -> (o_btnh, cache)` (which
     also stores the new keys/values wherever its cache keeps them): (the block's output, that cache)."""
-    q_btnh, k_btkh, v_btkh = block.attn.project_qkv(block.norm_attn(x_btd), positions_bt)
+    h_btd = block.norm_attn(x_btd)
+    q_btnh, k_btkh, v_btkh = block.attn.project_qkv(h_btd, positions_bt)
     o_btnh, cache = attend(q_btnh, k_btkh, v_btkh)
-    x_btd = x_btd + block.attn.out(o_btnh).astype(jnp.float32)
+    if block.parallel:
+        y_btd, _ = block.mlp(h_btd)
+        return block.add(x_btd, block.attn.out(o_btnh), y_btd), cache
+    x_btd = block.add(x_btd, block.attn.out(o_btnh))
     y_btd, _ = block.mlp(block.norm_mlp(x_btd))
-    return x_btd + y_btd.astype(jnp.float32), cache
+    return block.add(x_btd, y_btd), cache
 
 
 def _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc: dict, fresh: bool = False):
@@ -226,7 +230,7 @@ def forward(model, tokens_bt, cache: dict, last_b=None, fresh: bool = False):
     if model.cfg.scan_layers:
         def body(x_btd, block, lc):
             x_btd, lc = _layer(block, x_btd, positions_bt, mask_bts, lengths_b, lc, fresh)
-            return x_btd.astype(rd), lc  # the carry keeps its dtype (each block adds in float32)
+            return x_btd.astype(rd), lc  # the carry keeps its dtype
 
         x_btd, new = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))(x_btd, model.blocks, layers)
         new_cache = dict(new)

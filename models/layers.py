@@ -3,10 +3,13 @@
 Variables are named after their dimensions and carry logical axis names (nnx `out_sharding` metadata) that
 partitioning/ maps to mesh axes. Letters: b batch, t query positions, s key positions, d d_model, n heads,
 k kv heads, g query heads per kv head, h head_dim, f d_ff, v vocab.
-Norms, softmax and RoPE run in float32 whatever the policy; the residual stream is float32.
+Norms, softmax and RoPE run in float32 whatever the policy; the residual stream between layers is kept in the
+model's residual dtype (the compute dtype of a bf16 policy) and each block adds in it (or in float32:
+model config residual_add).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -257,18 +260,33 @@ def make_mlp(cfg: ModelConfig, policy, rngs: nnx.Rngs):
 
 
 class Block(nnx.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)) (sequential); or x + attn(norm(x)) +
+    mlp(norm(x)) with one norm (parallel, model config `block`). The adds run in the residual stream's dtype, or
+    float32 under residual_add=float32."""
 
     def __init__(self, cfg: ModelConfig, policy, rngs: nnx.Rngs):
+        self.parallel = cfg.block == "parallel"
+        self.add_f32 = cfg.residual_add == "float32"
         self.norm_attn = Norm(cfg, rngs)
         self.attn = Attention(cfg, policy, rngs)
-        self.norm_mlp = Norm(cfg, rngs)
+        if not self.parallel:  # a parallel block's MLP reads the attention's normed input
+            self.norm_mlp = Norm(cfg, rngs)
         self.mlp = make_mlp(cfg, policy, rngs)
 
+    def add(self, x_btd, *ys):
+        """x + (the sum of ys), in float32 under residual_add=float32, else in x's dtype (the residual stream's)."""
+        dt = jnp.promote_types(x_btd.dtype, jnp.float32) if self.add_f32 else x_btd.dtype
+        return x_btd.astype(dt) + functools.reduce(jnp.add, [y.astype(dt) for y in ys])
+
     def __call__(self, x_btd, positions_bt):
-        x_btd = x_btd + self.attn(self.norm_attn(x_btd), positions_bt).astype(jnp.float32)
+        if self.parallel:
+            h_btd = self.norm_attn(x_btd)
+            y_btd, aux = self.mlp(h_btd)
+            x_btd = self.add(x_btd, self.attn(h_btd, positions_bt), y_btd)
+            return constrain(x_btd, ("batch", "seq", "act_embed"), "residual"), aux
+        x_btd = self.add(x_btd, self.attn(self.norm_attn(x_btd), positions_bt))
         x_btd = constrain(x_btd, ("batch", "seq", "act_embed"), "residual")
         y_btd, aux = self.mlp(self.norm_mlp(x_btd))
-        x_btd = x_btd + y_btd.astype(jnp.float32)
+        x_btd = self.add(x_btd, y_btd)
         x_btd = constrain(x_btd, ("batch", "seq", "act_embed"), "residual")
         return x_btd, aux

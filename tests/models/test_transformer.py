@@ -37,7 +37,8 @@ def test_every_preset_cites_a_source_and_small_is_demo_sized():
 
 
 VARIANTS = [("tiny", ""), ("small", ""), ("tiny", LLAMA_TINY), ("tiny", "bias=true,mlp=swiglu,tie_embeddings=false"),
-            ("gpt2-small", ""), ("tiny", "n_experts=4,top_k=2"), ("tiny", LLAMA_TINY + ",n_experts=4,top_k=1")]
+            ("gpt2-small", ""), ("tiny", "n_experts=4,top_k=2"), ("tiny", LLAMA_TINY + ",n_experts=4,top_k=1"),
+            ("tiny", LLAMA_TINY + ",block=parallel")]
 
 
 @pytest.mark.parametrize("preset,overrides", VARIANTS)
@@ -289,3 +290,42 @@ def test_scanned_layers_match_unrolled(overrides):
     l1, _ = nnx.jit(decode_step)(scan, tok[:, 15:16], cache)
     full, _ = nnx.jit(lambda m, t: m(t))(scan, tok)
     assert_close(l1[:, 0], full[:, 15], "float32")
+
+
+def test_a_parallel_block_adds_attention_and_mlp_of_one_normed_input():
+    """block=parallel (GPT-J, PaLM, MaxText's default decoder layer): x + attn(norm(x)) + mlp(norm(x)) with one norm,
+    against the block's own sublayers applied by hand in float64; a sequential block differs."""
+    from models.layers import Block
+    from models.precision import get_policy
+    cfg = get_config("tiny", LLAMA_TINY + ",block=parallel")
+    blk = Block(cfg, get_policy("float32"), nnx.Rngs(3))
+    assert not hasattr(blk, "norm_mlp")
+    x = jax.random.normal(jax.random.key(0), (2, 16, cfg.d_model), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    h = blk.norm_attn(x)
+    want = _np(x).astype(np.float64) + _np(blk.attn(h, pos)) + _np(blk.mlp(h)[0])
+    got, _ = blk(x, pos)
+    assert_close(_np(got), want, jnp.float32)
+    seq = Block(get_config("tiny", LLAMA_TINY), get_policy("float32"), nnx.Rngs(3))
+    assert np.abs(_np(seq(x, pos)[0]) - want).max() > 1e-3
+
+
+@pytest.mark.parametrize("block", ["sequential", "parallel"])
+def test_a_block_adds_in_the_residual_streams_dtype_or_in_float32(block):
+    """residual_add=stream (the default): a bf16 stream gets bf16 adds (no float32 tensor of the stream's shape in
+    the block's program), as MaxText, Megatron and torchtitan add; residual_add=float32 adds in float32."""
+    from models.layers import Block
+    from models.precision import get_policy
+
+    def adds_of_the_input(residual_add):
+        cfg = get_config("tiny", f"block={block},residual_add={residual_add}")
+        blk = Block(cfg, get_policy("bf16"), nnx.Rngs(0))
+        x = jnp.zeros((2, 16, cfg.d_model), jnp.bfloat16)
+        pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+        closed = jax.make_jaxpr(lambda x: blk(x, pos)[0])(x)
+        x_in = closed.jaxpr.invars[0]
+        adds = [str(e.outvars[0].aval.dtype) for e in closed.jaxpr.eqns if e.primitive.name == "add" and x_in in e.invars]
+        return adds, closed.out_avals[0].dtype
+
+    assert adds_of_the_input("stream") == (["bfloat16"], jnp.bfloat16)  # x itself added, in bf16
+    assert adds_of_the_input("float32") == ([], jnp.float32)  # x widened first

@@ -24,6 +24,8 @@ def test_every_row_is_a_valid_predict_spec(run):
     assert target.n_chips == int(run.row["n_chips"]) and batch == int(run.row["global_batch"])
     assert batch // int(run.row["n_chips"]) == int(run.row["per_device_batch"])
     assert cfg.d_model == int(run.row["d_model"]) and cfg.scan_layers
+    # the block the framework ran: MaxText's default decoder layer (its 2023 family) is parallel
+    assert cfg.block == run.row["block"] and cfg.residual_add == "stream"
 
 
 def test_megatron_rows_pad_the_vocabulary_as_megatron_allocates_it():

@@ -189,11 +189,11 @@ def model_program(preset: str, program: str = "layer", *, target: str | None = N
 
     def mlp(state, x_btd, positions_bt):
         blk = nnx.merge(graphdef, state)
-        return x_btd + blk.mlp(blk.norm_mlp(x_btd))[0].astype(jnp.float32)
+        return blk.add(x_btd, blk.mlp((blk.norm_attn if blk.parallel else blk.norm_mlp)(x_btd))[0])
 
     def attention(state, x_btd, positions_bt):
         blk = nnx.merge(graphdef, state)
-        return x_btd + blk.attn(blk.norm_attn(x_btd), positions_bt).astype(jnp.float32)
+        return blk.add(x_btd, blk.attn(blk.norm_attn(x_btd), positions_bt))
 
     fn = {"layer": layer, "mlp": mlp, "attention": attention}[program]
     return Program(f"{preset}:{program}", fn, (abs_state, x, pos), tname, platform, n, precision_dtype(precision),

@@ -62,6 +62,8 @@ class PublishedRun:
         kv = [f"{k}={int(r[k])}" for k in keys] + [f"vocab_size={self.vocab_size()}"]
         kv += [f"mlp={MLP_HERE[r['mlp']]}", f"tie_embeddings={r['tie_embeddings']}", f"seq_len={int(r['seq'])}",
                "scan_layers=true"]  # MaxText's default scan_layers=True; compile time independent of depth
+        if r.get("block") == "parallel":  # MaxText's default decoder layer (attention and MLP on one normed input)
+            kv += ["block=parallel"]
         if self.megatron:  # NeMo's distributed optimizer: the Adam state split over the data-parallel ranks, and
             # megatron_amp_O2 (bf16 parameters and gradients, grad_sync_dtype=bf16 in NeMo-Framework-Launcher's
             # examples/training/llama/h100/*.sh): the float32 master weights live in that optimizer state
