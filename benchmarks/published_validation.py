@@ -51,7 +51,7 @@ def validate(run) -> dict:
            "framework": run.row["framework"],
            "strategy": spec.strategy, "mesh": spec.mesh, "batch": spec.batch, "seq": spec.seq,
            "microbatches": spec.microbatches, "remat_published": run.row["remat"], "remat": spec.remat,
-           "shard_activations": spec.shard_activations,
+           "shard_activations": spec.shard_activations, "block": run.row.get("block") or "sequential",
            "policy": spec.policy, "source": run.row["source"], "commit": run.row["commit"] or None}
     t0 = time.perf_counter()
     try:
@@ -115,6 +115,8 @@ def validate_on_worker(run, n_sim: int | None) -> dict:
 def _compiled_as(r: dict) -> str:
     mesh = r.get("mesh") or ""
     parts = [f"{r.get('strategy')} {mesh}".strip(), str(r.get("remat"))]
+    if r.get("block") == "parallel":
+        parts.append("parallel block")
     if r.get("shard_activations"):
         parts.append("sharded activations")
     if r.get("policy") and r.get("policy") != "bf16":

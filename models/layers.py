@@ -160,7 +160,7 @@ class Attention(nnx.Module):
         return 1
 
     def out(self, o_btnh):
-        # float32 out (the residual stream's dtype), the bias added to the accumulator: its gradient then sums b*t
+        # float32 out (the block adds it in the stream's dtype), the bias added to the accumulator: its gradient sums b*t
         # terms in float32
         o_btnh = checkpoint_name(o_btnh, "context")  # the attention output, MaxText's name
         # heads labelled "a", so that they sort before head_dim ("h"): jnp.einsum lists a dot's contracting labels
@@ -246,7 +246,7 @@ class MLP(nnx.Module):
             a_btf = elementwise_f32(_silu_gate, self.up_dot.out_dtype, getattr(self.up_dot, "compute_dtype", None),
                                     g_btf, u_btf)
         a_btf = constrain(a_btf, ("batch", "seq", "mlp"), "mlp hidden")
-        # float32 out (the residual stream's dtype), the bias on the accumulator: its gradient sums b*t float32 terms
+        # float32 out (the block adds it in the stream's dtype), the bias on the accumulator: its gradient sums b*t terms
         y_btd = self.down_dot("btf,fd->btd", a_btf, self.w_fd[...], bias=self.b_d[...] if self.bias else None,
                               out_dtype=jnp.float32)
         return remat_tag(y_btd, "mlpwo", self.remat, self.down_dot), {}
