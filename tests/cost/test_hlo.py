@@ -401,3 +401,46 @@ def test_a_slice_of_a_bitcast_stack_reads_the_slice_and_an_update_writes_in_plac
     read, write = hlo.parse_kernels(BITCAST_SLICES)
     assert (read.bytes_in, read.bytes_out) == (layer + index, 32 * 64 * 4)
     assert (write.bytes_in, write.bytes_out) == (index + layer, layer)
+
+
+NESTED_SLICE = """HloModule m
+
+%fused_norm (n0: bf16[20,16,64], n1: s32[], n2: bf16[64]) -> bf16[16,64] {
+  %n0 = bf16[20,16,64]{2,1,0} parameter(0)
+  %n1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,16,64]{2,1,0} dynamic-slice(%n0, %n1, %z, %z), dynamic_slice_sizes={1,16,64}
+  %r = bf16[16,64]{1,0} reshape(%ds)
+  %n2 = bf16[64]{0} parameter(2)
+  %s = bf16[16,64]{1,0} broadcast(%n2), dimensions={1}
+  ROOT %m = bf16[16,64]{1,0} multiply(%r, %s)
+}
+
+%fused_dot (p0: bf16[20,16,64], p1: s32[], p2: bf16[64], p3: bf16[64,32]) -> bf16[16,32] {
+  %p0 = bf16[20,16,64]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = bf16[64]{0} parameter(2)
+  %x = bf16[16,64]{1,0} fusion(%p0, %p1, %p2), kind=kLoop, calls=%fused_norm
+  %p3 = bf16[64,32]{1,0} parameter(3)
+  ROOT %d = bf16[16,32]{1,0} dot(%x, %p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (w: bf16[20,16,64], i: s32[], g: bf16[64], v: bf16[64,32]) -> bf16[16,32] {
+  %w = bf16[20,16,64]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %g = bf16[64]{0} parameter(2)
+  %v = bf16[64,32]{1,0} parameter(3)
+  ROOT %o = bf16[16,32]{1,0} fusion(%w, %i, %g, %v), kind=kOutput, calls=%fused_dot
+}
+"""
+
+
+def test_a_slice_taken_in_a_nested_fusion_reads_the_slice():
+    """libtpu nests a layer's normalisation of its slice of the stacked saved inputs (20 layers here) inside the
+    output fusion of the dot that reads it: the stacked operand costs the one layer's slice (16 × 64 bf16), not the
+    whole stack (MaxText's Llama 2 70B on v6e-256: seven such fusions per layer were priced at the 20 GiB stack each,
+    a memory term of 10.0 s instead of 2.8)."""
+    (k,) = hlo.parse_kernels(NESTED_SLICE)
+    layer, index, scale, weight = 16 * 64 * 2, 4, 64 * 2, 64 * 32 * 2
+    assert k.bytes_in == layer + index + scale + weight
+    assert k.flops == 2 * 16 * 64 * 32 + 16 * 64  # the dot and the scale's multiply

@@ -975,28 +975,66 @@ def conv_macs(attrs: str, lhs: Shape, rhs: Shape, out: Shape) -> tuple[int, int]
     return non_spatial * pairs, k
 
 
-def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
-                    shapes: dict[str, Shape]) -> tuple[float, float]:
-    """Bytes a fusion really moves when it slices its operands or updates a buffer in place: a parameter read only
-    through dynamic-slice costs the slices; a root dynamic-update-slice or scatter writes only the update (the
-    buffer aliases the output)."""
+def _parameters(body: list[Instr]) -> dict[str, int | None]:
+    """A computation's parameters: name -> parameter number."""
     params = {}
     for i in body:
         if i.opcode == "parameter":
             mnum = re.match(r"\s*(\d+)", i.raw_operands)
-            idx = int(mnum.group(1)) if mnum else None
-            params[i.name] = idx
+            params[i.name] = int(mnum.group(1)) if mnum else None
+    return params
+
+
+def _users(body: list[Instr]) -> dict[str, list[Instr]]:
     users: dict[str, list[Instr]] = {}
     for i in body:
         for o in i.operands:
             users.setdefault(o, []).append(i)
+    return users
+
+
+def _slice_bytes(name: str, users: dict[str, list[Instr]], mod: "Module | None", depth: int = 0) -> float | None:
+    """The bytes read of `name` when every reader takes a dynamic-slice of it, directly or as a parameter of a
+    nested fusion that does (libtpu nests a layer's normalisation of a slice of the stacked saved inputs inside the
+    output fusion of the dot that reads it); None when some reader reads it whole."""
+    total = 0.0
+    us = _readers(name, users)
+    if not us:
+        return None
+    for u, via in us:
+        if u.opcode == "dynamic-slice" and u.operands and u.operands[0] == via:
+            total += u.out_bytes
+            continue
+        if u.opcode != "fusion" or mod is None or depth > 3:
+            return None
+        inner = mod.computations.get(called_computation(u), [])
+        nums = [k for k, o in enumerate(u.operands) if o == via]
+        inner_params = {n: i for n, i in _parameters(inner).items() if i in nums}
+        if len(inner_params) != len(nums):
+            return None
+        inner_users = _users(inner)
+        for pname in inner_params:
+            got = _slice_bytes(pname, inner_users, mod, depth + 1)
+            if got is None:
+                return None
+            total += got
+    return total
+
+
+def _sliced_traffic(body: list[Instr], operand_bytes: list[float], out_bytes: float,
+                    shapes: dict[str, Shape], mod: "Module | None" = None) -> tuple[float, float]:
+    """Bytes a fusion really moves when it slices its operands or updates a buffer in place: a parameter read only
+    through dynamic-slice (here or in a nested fusion) costs the slices; a root dynamic-update-slice or scatter
+    writes only the update (the buffer aliases the output)."""
+    params = _parameters(body)
+    users = _users(body)
     by = list(operand_bytes)
     for name, idx in params.items():
         if idx is None or idx >= len(by):
             continue
-        us = _readers(name, users)
-        if us and all(u.opcode == "dynamic-slice" and u.operands and u.operands[0] == via for u, via in us):
-            by[idx] = sum(u.out_bytes for u, _ in us)
+        sliced = _slice_bytes(name, users, mod)
+        if sliced is not None:
+            by[idx] = sliced
     root = next((i for i in body if i.is_root), None)
     if root is not None and root.opcode == "tuple" and any(_collective_kind(i.opcode) for i in body):
         return _in_flight_traffic(body, root, params, users, by, out_bytes)
@@ -1124,7 +1162,7 @@ def parse_kernels(text: str, mod: Module | None = None) -> list[KernelCost]:
                 callee = (attr(ins.attrs, "calls") or "").lstrip("%")
                 body = mod.computations.get(callee, [])
                 flops, trans, dflops, dsize, red, conv = _computation_cost(body, shapes, mod)
-                bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes)
+                bytes_in, bytes_out = _sliced_traffic(body, operand_bytes, bytes_out, shapes, mod)
                 fused = _fused_ops(body, mod)
                 ops = _opcode_counts(fused)
                 library = _custom_fusion_kind(ins.attrs) if kind == "kCustom" else ""
