@@ -51,7 +51,7 @@ def validate(run) -> dict:
            "framework": run.row["framework"],
            "strategy": spec.strategy, "mesh": spec.mesh, "batch": spec.batch, "seq": spec.seq,
            "microbatches": spec.microbatches, "remat_published": run.row["remat"], "remat": spec.remat,
-           "shard_activations": spec.shard_activations, "block": run.row.get("block") or "sequential",
+           "shard_activations": spec.shard_activations, "block": run.block,
            "policy": spec.policy, "source": run.row["source"], "commit": run.row["commit"] or None}
     t0 = time.perf_counter()
     try:

@@ -986,6 +986,7 @@ def _parameters(body: list[Instr]) -> dict[str, int | None]:
 
 
 def _users(body: list[Instr]) -> dict[str, list[Instr]]:
+    """Who reads each value of a computation: name -> the instructions that take it as an operand."""
     users: dict[str, list[Instr]] = {}
     for i in body:
         for o in i.operands:
@@ -1271,10 +1272,7 @@ def reduction_consumed(body: list[Instr], shapes: dict[str, Shape]) -> bool:
     """Whether a reduction in a fusion's ops feeds, through any chain of ops, an op as large as the reduction's own
     operand: the kernel then needs each row's reduction before it can finish that row (softmax's max and sum, a
     normalisation's mean), so it walks the row in dependent passes."""
-    users: dict[str, list[Instr]] = {}
-    for i in body:
-        for o in i.operands:
-            users.setdefault(o, []).append(i)
+    users = _users(body)
     for r in body:
         if r.opcode != "reduce" or not r.operands or r.operands[0] not in shapes:
             continue
@@ -1557,10 +1555,7 @@ def _fused_collectives(mod: Module, callee: str, depth: int = 0) -> list[tuple[s
     if any(i.opcode == "custom-call" and ASYNC_DONE_TARGET in i.attrs for i in body):
         return []
     found: list[tuple[str, Instr, float | None]] = []
-    users: dict[str, list[Instr]] = {}
-    for i in body:
-        for o in i.operands:
-            users.setdefault(o, []).append(i)
+    users = _users(body)
     for i in body:
         kind = _collective_kind(i.opcode)
         if kind is None:

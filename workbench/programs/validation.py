@@ -38,6 +38,12 @@ class PublishedRun:
     def chip(self) -> str:
         return self.row["chip"]
 
+    @property
+    def block(self) -> str:
+        """The decoder block the framework ran: 'parallel' for MaxText's default decoder layer (attention and MLP
+        on one normed input, its 2023 model family), 'sequential' otherwise (the table's `block` column)."""
+        return self.row.get("block") or "sequential"
+
     def vocab_size(self) -> int:
         """The vocabulary as the framework allocates it: Megatron (NeMo) pads it to a multiple of
         make_vocab_size_divisible_by (128) × the tensor-parallel size (`_vocab_size_with_padding`: GPT-3's 50257
@@ -62,7 +68,7 @@ class PublishedRun:
         kv = [f"{k}={int(r[k])}" for k in keys] + [f"vocab_size={self.vocab_size()}"]
         kv += [f"mlp={MLP_HERE[r['mlp']]}", f"tie_embeddings={r['tie_embeddings']}", f"seq_len={int(r['seq'])}",
                "scan_layers=true"]  # MaxText's default scan_layers=True; compile time independent of depth
-        if r.get("block") == "parallel":  # MaxText's default decoder layer (attention and MLP on one normed input)
+        if self.block == "parallel":
             kv += ["block=parallel"]
         if self.megatron:  # NeMo's distributed optimizer: the Adam state split over the data-parallel ranks, and
             # megatron_amp_O2 (bf16 parameters and gradients, grad_sync_dtype=bf16 in NeMo-Framework-Launcher's
