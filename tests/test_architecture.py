@@ -99,9 +99,11 @@ def test_no_path_hacks_or_private_imports(name):
 
 
 def test_imports_at_module_level():
-    """Only commands defer imports (the program they run, so --help stays fast); everywhere else they are at the
-    top of the module, where the dependency graph can be read."""
-    inner = [f"{s}:{line} {t}" for s, t, _, line, is_inner in EDGES if is_inner and not s.startswith("workbench.commands")]
+    """Only commands defer imports (the program they run, so --help stays fast), and the entry point, which re-executes
+    the process before it imports anything heavy; everywhere else they are at the top of the module, where the
+    dependency graph can be read."""
+    inner = [f"{s}:{line} {t}" for s, t, _, line, is_inner in EDGES
+             if is_inner and not (s.startswith("workbench.commands") or s == "workbench.__main__")]
     assert not inner, inner
     total = len(EDGES)
     deferred = sum(1 for *_, is_inner in EDGES if is_inner)

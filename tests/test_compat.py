@@ -143,3 +143,23 @@ def test_compare_cli(results_dir, capsys):
     with pytest.raises(SystemExit) as e:
         main(["results", "compare", "--experiment", "nosuchid"])
     assert e.value.code == 2 and "no record or experiment" in capsys.readouterr().err
+
+
+def test_a_dumped_compile_skips_the_persistent_cache(tmp_path):
+    """The suite runs with JAX's persistent cache on (tests/conftest.py): a program compiled (and cached) once comes
+    back from the cache on the next compile without running the compiler's passes, so a per-pass XLA dump asked of
+    it stays empty; no_persistent_cache's options make the compiler run its passes."""
+    if not jax.config.jax_compilation_cache_dir:
+        pytest.skip("no persistent compilation cache in this run")
+    lowered = jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.25).lower(jnp.ones((7, 5)))
+    lowered.compile()  # cached (the suite caches every program)
+
+    def passes_dumped(name, **options):
+        d = tmp_path / name
+        lowered.compile(compiler_options=dict(options, xla_dump_to=str(d), xla_dump_hlo_pass_re=".*"))
+        return len(list(d.glob("*.[0-9][0-9][0-9][0-9].*.txt")))  # module_N.name.PASS#.pass.after_..before_...txt
+
+    with compat.no_persistent_cache() as options:
+        assert passes_dumped("uncached", **options) > 5, "the compiler did not run its passes"
+    if jax.config.jax_persistent_cache_min_compile_time_secs == 0:  # every program is cached: the cache answered
+        assert passes_dumped("cached") == 0, "a cached compile ran the passes: is the cache in use?"

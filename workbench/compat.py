@@ -36,6 +36,7 @@ The versions a record ran with are read from the installed distributions by work
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -170,6 +171,27 @@ def ragged_all_to_all_supported(platform: str) -> bool:
     except Exception:  # noqa: BLE001 - UNIMPLEMENTED (or any refusal): not supported here
         return False
     return True
+
+
+# a debug option that only sizes the buffer-assignment report (no effect on the program) and that JAX's persistent
+# cache key keeps (jax._src.cache_key clears the dump options, not this one), at a value no other compile sets
+_UNCACHED_OPTIONS = {"xla_debug_buffer_assignment_show_max": 987654321}
+
+
+@contextlib.contextmanager
+def no_persistent_cache():
+    """Yields the compiler options that make a compile skip JAX's persistent compilation cache, and keeps what it
+    compiles out of it. A compile whose XLA dump is read afterwards needs this: the cache key leaves out xla_dump_to,
+    so a cached executable of the same program comes back without running the compiler and nothing is dumped.
+    (jax_enable_compilation_cache cannot do it: JAX reads it once per process.) The options key the compile apart
+    from every other; jax_persistent_cache_min_compile_time_secs, read at each write, keeps it from being written,
+    so no compile ever finds an entry under that key."""
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield dict(_UNCACHED_OPTIONS)
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 
 
 def saved_residual_bytes(fn, *args, skip_args: tuple[str, ...] = ()) -> float:

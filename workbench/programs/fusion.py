@@ -55,6 +55,7 @@ from models.precision import get_policy
 from models.presets import get_config
 from partitioning import topology as topo
 from partitioning.mesh import make_mesh
+from workbench.compat import no_persistent_cache
 from workbench.cost.compile import compile_program
 from workbench.cost.hlo import kernel_sources, parse_kernels, parse_module
 from workbench.errors import WorkbenchError
@@ -688,7 +689,8 @@ def _compile_dumped(prog: Program, fn) -> tuple:
     """(compiled, pass names, pass effects) of `fn` compiled once with the per-pass HLO dump on."""
     dump = tempfile.mkdtemp(prefix="workbench-fusion-dump-")
     try:
-        comp = _compile(prog, fn, {}, dump)
+        with no_persistent_cache() as uncached:  # a cached executable would come back without its dump
+            comp = _compile(prog, fn, uncached, dump)
         passes, effects = read_pass_dump(dump)
     finally:
         shutil.rmtree(dump, ignore_errors=True)
