@@ -116,3 +116,23 @@ def test_a_library_fusions_loops_are_priced_only_where_all_were_measured_inside_
         m = spec_from_calibration(c).measured
         assert m.library_pass_per_s is None and m.library_ops_per_s is None
         assert m.transcendentals_per_s_library == tl["per_s"]
+
+
+def test_the_start_of_a_stream_from_memory_is_measured_and_priced():
+    """The calibration's memory start: sums over distinct arrays from memory at two sizes, round after round, a line
+    fitted per round and the median round's intercept kept (within the rounds' range), its slope a memory rate; the
+    spec carries it to the pricing, and a calibration from before it carries none."""
+    import jax
+
+    from workbench.measure.calibrate import measure_memory_start
+
+    r = measure_memory_start(jax.local_devices()[0], 8 * MiB, reps=3, quick=True)
+    assert r["total_bytes"] == 128 * MiB and r["rounds"] == 6
+    assert set(r["seconds_per_sum"]) == {str(MiB), str(4 * MiB)}
+    assert r["seconds_per_sum"][str(4 * MiB)] > r["seconds_per_sum"][str(MiB)] > 0
+    lo, hi = r["per_kernel_s_range"]
+    assert r["per_kernel_s"] == max(r["per_kernel_s"], 0.0) and (r["per_kernel_s"] == 0.0 or lo <= r["per_kernel_s"] <= hi)
+    cal = _with_levels([L2])
+    assert spec_from_calibration(cal).measured.memory_start_s is None
+    cal["memory_start"] = r
+    assert spec_from_calibration(cal).measured.memory_start_s == r["per_kernel_s"]

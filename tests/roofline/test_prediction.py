@@ -248,11 +248,11 @@ def test_a_product_with_few_rows_is_priced_on_the_skinny_curve():
 
 def test_a_few_row_product_packs_a_weight_the_program_keeps_out_of_the_cache():
     """A product with 2 to 63 rows reading a weight straight from the program's parameters, in a program whose
-    footprint exceeds the last-level cache, adds the weight's packing (read from memory, written into the cache, the
-    share the cache misses under a cyclic sweep of the footprint) to its arithmetic; a single row, a program that
-    fits the cache, a weight computed in the program or a many-row product add nothing."""
+    footprint exceeds the last-level cache, adds the weight's packing (read from memory, written into the cache: a
+    call's sweep over a footprint beyond the cache leaves none of it there) to its arithmetic; a single row, a program
+    that fits the cache, a weight computed in the program or a many-row product add nothing."""
     from workbench.hardware.measured import MemoryLevel
-    from workbench.roofline.host import sweep_hit_rate, weight_packing_seconds
+    from workbench.roofline.host import weight_packing_seconds
     from workbench.roofline.prediction import kernel_roof
     from workbench.roofline.pricing import arithmetic_seconds
 
@@ -264,10 +264,10 @@ def test_a_few_row_product_packs_a_weight_the_program_keeps_out_of_the_cache():
     few = KernelCost("mm", "kOutput", "", w + 16e3, 64e3, 1.7e7, 0, 1, 1.7e7, 256.0, dot_rows=8.0, param_bytes=w)
     pack = mem.seconds(w, 0) + llc.seconds(0, w)
     assert pack == pytest.approx(w / 30e9 + w / 80e9)
-    assert weight_packing_seconds(few, host, 20e9, 320e6) == pytest.approx((1 - sweep_hit_rate(10.0)) * pack)
-    assert weight_packing_seconds(few, host, 20e9, 48e6) == pytest.approx((1 - sweep_hit_rate(1.5)) * pack)
+    assert weight_packing_seconds(few, host, 20e9, 320e6) == pytest.approx(pack)
+    assert weight_packing_seconds(few, host, 20e9, 48e6) == pytest.approx(pack)
     assert kernel_roof(few, host, "float32", 20e9, program_bytes=320e6)[0] == pytest.approx(
-        arithmetic_seconds(few, host, "float32") + (1 - sweep_hit_rate(10.0)) * pack)
+        arithmetic_seconds(few, host, "float32") + pack)
     for k, prog in [(few, 30e6), (dataclasses.replace(few, dot_rows=1.0), 320e6),
                     (dataclasses.replace(few, param_bytes=0.0), 320e6),
                     (dataclasses.replace(few, dot_rows=64.0), 320e6)]:
@@ -277,8 +277,9 @@ def test_a_few_row_product_packs_a_weight_the_program_keeps_out_of_the_cache():
 
 def test_a_kernels_reads_of_the_programs_parameters_are_placed_by_the_programs_footprint():
     """Bytes a kernel reads straight from the program's parameters are placed by the program's footprint where it is
-    larger than the kernel's own arrays (a 4 MB weight of a 320 MB program comes from memory, not the cache); the
-    rest of its bytes by its own."""
+    larger than the kernel's own arrays (a 4 MB weight of a 320 MB program, or of a 40 MB one beside a 32 MB cache,
+    comes from memory: a call's sweep keeps none of it), the rest of its bytes by its own (a cyclic sweep under
+    random replacement); a host with a measured start of a stream from memory adds it in the share read there."""
     from workbench.hardware.measured import MemoryLevel
     from workbench.roofline.host import host_memory_seconds, residency, sweep_hit_rate
 
@@ -288,10 +289,13 @@ def test_a_kernels_reads_of_the_programs_parameters_are_placed_by_the_programs_f
     k = KernelCost("mv", "dot", "", 4e6 + 8e3, 8e3, 1e6, 0, dot_flops=1e6, footprint=4.02e6, dot_rows=8.0,
                    param_bytes=4e6)
     own = llc.seconds(8e3, 8e3)
-    t, share = host_memory_seconds(k, host, 20e9, program_bytes=320e6)
+    for program in (320e6, 40e6):
+        t, share = host_memory_seconds(k, host, 20e9, program_bytes=program)
+        assert t == pytest.approx(own + mem.seconds(4e6, 0))
+        assert share == pytest.approx(4e6 / k.bytes)
+    started = host.with_measured(memory_start_s=30e-6)
+    assert host_memory_seconds(k, started, 20e9, program_bytes=320e6)[0] == pytest.approx(t + share * 30e-6)
     h = sweep_hit_rate(10.0)
-    assert t == pytest.approx(own + h * llc.seconds(4e6, 0) + (1 - h) * mem.seconds(4e6, 0))
-    assert share == pytest.approx((1 - h) * 4e6 / k.bytes)
     # the program fits its cache, or no program footprint: the kernel's own working set places everything
     assert host_memory_seconds(k, host, 20e9, program_bytes=30e6)[0] == pytest.approx(llc.seconds(k.bytes_in, 8e3))
     assert host_memory_seconds(k, host, 20e9)[0] == pytest.approx(llc.seconds(k.bytes_in, 8e3))
@@ -305,18 +309,17 @@ def test_a_one_row_product_reads_its_weight_at_the_measured_row_product_rate():
     with both a row product and a measured read ratio, else none."""
     from workbench.hardware.measured import MemoryLevel
     from workbench.measure.calibrate import row_product_read_ratio
-    from workbench.roofline.host import host_memory_seconds, sweep_hit_rate
+    from workbench.roofline.host import host_memory_seconds
 
     llc, mem = MemoryLevel("L3", 32e6, 80e9, 1.0), MemoryLevel("memory", float("inf"), 20e9, 1.5)
     plain = dataclasses.replace(CHIP, kind="cpu").with_measured(cache_levels=(llc,), memory_read_ratio=1.5)
     host = plain.with_measured(row_product_read_ratio=0.75)
     one = KernelCost("mv", "dot", "", 4e6 + 2e3, 8e3, 8e6, 0, dot_flops=8e6, footprint=4.01e6, dot_rows=1.0,
                      param_bytes=4e6)
-    h = sweep_hit_rate(10.0)
-    before = llc.seconds(2e3, 8e3) + h * llc.seconds(4e6, 0) + (1 - h) * mem.seconds(4e6, 0)
+    before = llc.seconds(2e3, 8e3) + mem.seconds(4e6, 0)
     assert host_memory_seconds(one, plain, 20e9, program_bytes=320e6)[0] == pytest.approx(before)
     assert host_memory_seconds(one, host, 20e9, program_bytes=320e6)[0] == pytest.approx(
-        before + (1 - h) * mem.seconds(4e6, 0) * (1 / 0.75 - 1))
+        before + mem.seconds(4e6, 0) * (1 / 0.75 - 1))
     for k in (dataclasses.replace(one, dot_rows=8.0), dataclasses.replace(one, dot_flops=0.0, flops=0.0)):
         assert host_memory_seconds(k, host, 20e9, program_bytes=320e6)[0] == pytest.approx(
             host_memory_seconds(k, plain, 20e9, program_bytes=320e6)[0])

@@ -81,6 +81,9 @@ class Measured:
     skinny_curve: tuple[tuple[float, float], ...] | None = None
     hbm_bw_range: tuple[float, float] | None = None  # host: (lowest, highest) stream sample of the calibration
     kernel_launch_s: float | None = None  # host: measured fixed cost of one more kernel in a program
+    # host: the fixed seconds a kernel whose data comes from memory pays before its stream runs at the memory's rate
+    # (the intercept of dependent sums over distinct 1-8 MiB arrays against their bytes; version 29 on)
+    memory_start_s: float | None = None
     collective_latency_s: float | None = None  # host: one collective's rendezvous on a simulated mesh, per device
     # host: ((group size, per-device rendezvous s), ...): the same measured with the mesh in groups of 2, 4, 8
     collective_latency_by_group: tuple[tuple[int, float], ...] | None = None

@@ -86,8 +86,8 @@ def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: floa
     arithmetic (a single row runs a matrix-vector kernel that streams the weight as it multiplies: nothing to add).
     The weight is read by the kernel straight from the program's parameters (KernelCost.param_bytes); between one
     call and the next the program touches its whole footprint, so the share of the weight the last-level cache still
-    holds is placed by `residency` over that footprint (a cyclic sweep's hit rate), the rest is read from memory and
-    written into the cache. 0 where the program fits the last-level cache, or without a skinny curve."""
+    holds is placed by `call_sweep` over that footprint (nothing, beyond the cache's capacity): the rest is read from
+    memory and written into the cache. 0 where the program fits the last-level cache, or without a skinny curve."""
     rows = getattr(k, "dot_rows", 0.0)
     if not (k.dot_flops and rows >= 2 and getattr(k, "param_bytes", 0.0) and program_bytes):
         return 0.0
@@ -97,7 +97,7 @@ def weight_packing_seconds(k, spec: HardwareSpec, bw: float, program_bytes: floa
     if len(levels) < 2:
         return 0.0
     cache, memory = levels[-2], levels[-1]
-    missed = sum(h for lv, h in residency(program_bytes, levels) if lv is memory)
+    missed = sum(h for lv, h in call_sweep(program_bytes, levels) if lv is memory)
     return missed * (memory.seconds(k.param_bytes, 0.0) + cache.seconds(0.0, k.param_bytes))
 
 
@@ -141,6 +141,15 @@ def residency(working_set: float, levels: list[MemoryLevel]) -> list[tuple[Memor
     return [(levels[-1], 1.0)]
 
 
+def call_sweep(footprint: float, levels: list[MemoryLevel]) -> list[tuple[MemoryLevel, float]]:
+    """Where an array the program last touched a call ago is read from: all of it from the smallest level that holds
+    the program's whole footprint. Between two calls every other array of the program passes through the caches, in
+    the same order each call, kernel after kernel over arrays of their own; measured on the Zen 4 VM, such a sweep
+    keeps nothing once it exceeds a cache (host_memory_seconds), unlike one kernel re-run over its own data
+    (`residency`)."""
+    return [(next(lv for lv in levels if footprint <= lv.capacity), 1.0)]
+
+
 def sweep_hit_rate(ratio: float) -> float:
     """The hit rate h = 1 − m of a cache under random replacement swept cyclically by a working set `ratio` times
     its capacity: the root m in (0, 1] of 1 − m = exp(−m·ratio) (1 when ratio <= 1), by bisection."""
@@ -163,9 +172,15 @@ def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
     placed in the hierarchy by `residency`, each level's share priced at that level's stream with its input/output
     split (MemoryLevel.seconds). The bytes it reads straight from the program's parameters (KernelCost.param_bytes:
     weights, a cache, optimizer state) were last touched a whole call ago, so they are placed by the program's
-    footprint (`program_bytes`) where that is the larger working set; a one-row product reads their share in memory
-    at the measured row-product rate (Measured.row_product_read_ratio). When the program runs from the cache (`bw` is
-    the in-cache bandwidth) no kernel is priced beyond the last-level cache."""
+    footprint (`program_bytes`) where that is the larger working set, all from the smallest level that holds it: the
+    call sweeps every other array through the caches before it reads them again, and a sweep of many kernels, each
+    over arrays of its own, keeps none of them beyond the cache's capacity (on the Zen 4 VM, 4 MiB one-row products
+    over 32 to 160 MiB of weights all ran at the memory's 21-24 GB/s, where `residency`'s random replacement would
+    serve half of a 40 MiB sweep from the 32 MiB L3). A one-row product reads its share in memory at the measured
+    row-product rate (Measured.row_product_read_ratio). A kernel's stream from memory first pays the
+    measured start (Measured.memory_start_s, ~30 µs on a 2-vCPU Zen 4: a 1 MiB sum from memory ran at half the rate of
+    an 8 MiB one), in the share of its traffic served there. When the program runs from the cache (`bw` is the in-cache
+    bandwidth) no kernel is priced beyond the last-level cache."""
     program_in_cache = bool(spec.measured.onchip_bw and bw == spec.measured.onchip_bw)
     levels = memory_levels(spec, spec.hbm_bw if program_in_cache else bw)
     w = (k.footprint or k.bytes) * max(sharers, 1)
@@ -179,12 +194,14 @@ def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
     t = sum(h * lv.seconds(k.bytes_in - params, k.bytes_out) for lv, h in shares)
     from_memory = sum(h for lv, h in shares if lv.name == "memory") * (k.bytes - params)
     if params:
-        far = residency(whole, levels)
+        far = call_sweep(whole, levels)
         # a one-row product reads its weight with XLA:CPU's matrix-vector kernel, at its own measured rate
         row = spec.measured.row_product_read_ratio if getattr(k, "dot_rows", 0.0) == 1 and k.dot_flops else None
         t += sum(h * lv.seconds(params, 0.0) / (row if (row and lv.name == "memory") else 1.0) for lv, h in far)
         from_memory += sum(h for lv, h in far if lv.name == "memory") * params
-    return t, from_memory / k.bytes if k.bytes else 0.0
+    share = from_memory / k.bytes if k.bytes else 0.0
+    # a stream from memory starts slowly (Measured.memory_start_s): paid in the share of the kernel that reads there
+    return t + share * (spec.measured.memory_start_s or 0.0), share
 
 
 def moved_seconds(k, spec: HardwareSpec, bw: float, in_cache: bool = False) -> float:
