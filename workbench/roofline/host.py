@@ -177,9 +177,9 @@ def host_memory_seconds(k, spec: HardwareSpec, bw: float, sharers: int = 1,
     over arrays of its own, keeps none of them beyond the cache's capacity (on the Zen 4 VM, 4 MiB one-row products
     over 32 to 160 MiB of weights all ran at the memory's 21-24 GB/s, where `residency`'s random replacement would
     serve half of a 40 MiB sweep from the 32 MiB L3). A one-row product reads its share in memory at the measured
-    row-product rate (Measured.row_product_read_ratio). A kernel's stream from memory first pays the
-    measured start (Measured.memory_start_s, ~30 µs on a 2-vCPU Zen 4: a 1 MiB sum from memory ran at half the rate of
-    an 8 MiB one), in the share of its traffic served there. When the program runs from the cache (`bw` is the in-cache
+    row-product rate (Measured.row_product_read_ratio). A kernel's stream from memory first pays the measured start
+    (Measured.memory_start_s, 20-30 µs on a 2-vCPU Zen 4, where a 1 MiB sum from memory ran at 0.6 of the rate of an
+    8 MiB one), in the share of its traffic served there. When the program runs from the cache (`bw` is the in-cache
     bandwidth) no kernel is priced beyond the last-level cache."""
     program_in_cache = bool(spec.measured.onchip_bw and bw == spec.measured.onchip_bw)
     levels = memory_levels(spec, spec.hbm_bw if program_in_cache else bw)
