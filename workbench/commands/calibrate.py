@@ -9,6 +9,14 @@ from workbench.measure.calibrate import load_or_calibrate, write_allocates
 from workbench.results.console import emit_json
 
 
+def _print_memory_start(cal: dict) -> None:
+    ms = cal.get("memory_start") or {}
+    if ms.get("per_kernel_s") is not None:
+        lo, hi = ms.get("per_kernel_s_range") or (None, None)
+        print(f"  memory start       {ms['per_kernel_s'] * 1e6:8.2f} µs before a kernel's stream from memory runs "
+              "at its rate" + (f" (rounds {lo * 1e6:.0f} to {hi * 1e6:.0f})" if lo is not None else ""))
+
+
 def _print_row_product(cal: dict) -> None:
     rp = cal.get("row_product") or {}
     if rp.get("read_ratio"):
@@ -104,11 +112,7 @@ def register(app: typer.Typer) -> None:
                   f"pass {libf['pass']['per_s'] / 1e9:.2f} G elements/s")
         if (cal.get("kernel_launch") or {}).get("per_kernel_s"):
             print(f"  kernel launch      {cal['kernel_launch']['per_kernel_s'] * 1e6:8.2f} µs per kernel in a program")
-        ms = cal.get("memory_start") or {}
-        if ms.get("per_kernel_s") is not None:
-            lo, hi = ms.get("per_kernel_s_range") or (None, None)
-            print(f"  memory start       {ms['per_kernel_s'] * 1e6:8.2f} µs before a kernel's stream from memory runs "
-                  "at its rate" + (f" (rounds {lo * 1e6:.0f} to {hi * 1e6:.0f})" if lo is not None else ""))
+        _print_memory_start(cal)
         rv = cal.get("rendezvous") or {}
         if rv.get("by_group"):
             per = ", ".join(f"groups of {g}: {v['per_collective_s'] * 1e6:.0f}" for g, v in
