@@ -12,7 +12,6 @@ import sys
 import typer
 
 from workbench.errors import WorkbenchError
-from workbench.hardware.hostmem import reexec_with_hugepages
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   rich_markup_mode=None, help=__doc__.splitlines()[0])
@@ -31,8 +30,6 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the console script: huge pages for XLA:CPU's buffers (workbench/hardware/hostmem.py)
-        reexec_with_hugepages()
     try:
         rc = app(args=argv, standalone_mode=False)  # a command's typer.Exit(n) comes back as n
         if isinstance(rc, int) and rc:
